@@ -1,0 +1,16 @@
+"""Quantization kernels that match TensorFlow bit for bit (see spec/kernels.md)."""
+
+from qtool.kernels.api import (  # noqa: F401
+    fake_quant_with_min_max_args,
+    fake_quant_with_min_max_args_gradient,
+    fake_quant_with_min_max_vars,
+    fake_quant_with_min_max_vars_gradient,
+    fake_quant_with_min_max_vars_per_channel,
+    fake_quant_with_min_max_vars_per_channel_gradient,
+    minmax,
+    nudged_range,
+    quantize_and_dequantize_v2,
+    quantize_and_dequantize_v2_gradient,
+    quantize_codes,
+)
+from qtool.kernels.api import __all__  # noqa: F401

@@ -1,0 +1,461 @@
+"""Public kernel API with TensorFlow's names, argument names and defaults.
+
+Validation, dtype and layout handling live here; the arithmetic lives in
+``_scalar`` and runs in the jitted kernels of ``cpu`` (and ``cuda``).
+
+Conventions:
+- numpy arrays in, numpy arrays out: a new C-contiguous array, or ``out=``
+  (same shape and dtype as the result) when given.
+- Errors are ``ValueError`` with TensorFlow's message where TensorFlow has
+  one; qtool also rejects inputs on which TensorFlow silently returns garbage.
+- NaN inputs propagate to the outputs (the gradients mask them out); +-inf
+  clamp to the range ends.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from qtool.kernels import cpu
+
+__all__ = [
+    "fake_quant_with_min_max_args",
+    "fake_quant_with_min_max_args_gradient",
+    "fake_quant_with_min_max_vars",
+    "fake_quant_with_min_max_vars_gradient",
+    "fake_quant_with_min_max_vars_per_channel",
+    "fake_quant_with_min_max_vars_per_channel_gradient",
+    "quantize_and_dequantize_v2",
+    "quantize_and_dequantize_v2_gradient",
+    "nudged_range",
+    "quantize_codes",
+    "minmax",
+]
+
+
+# --- argument helpers -------------------------------------------------------------
+def _float32_tensor(x, name: str) -> np.ndarray:
+    """A C-contiguous float32 array. Non-arrays convert (as TF converts lists); arrays must be float32."""
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.float32:
+            raise ValueError(f"{name} must be float32, got {x.dtype} (cast it with .astype(np.float32))")
+    else:
+        try:
+            x = np.asarray(x, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a float32 array: {exc}") from None
+    return np.ascontiguousarray(x)
+
+
+def _same_shape(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{a_name} and {b_name} must have the same shape: {a_name} has {a.shape}, {b_name} has {b.shape}")
+
+
+def _num_bits_fq(num_bits) -> int:
+    try:
+        nb = operator.index(num_bits)
+    except TypeError:
+        raise ValueError(f"num_bits must be an integer, got {num_bits!r}") from None
+    if isinstance(num_bits, bool) or not 2 <= nb <= 16:
+        raise ValueError(f"num_bits must be between 2 and 16, inclusive (got {num_bits!r})")
+    return nb
+
+
+def _grid(num_bits: int, narrow_range: bool) -> tuple[np.float32, np.float32]:
+    return np.float32(1 if narrow_range else 0), np.float32((1 << num_bits) - 1)
+
+
+def _scalar_f32(v, name: str) -> np.float32:
+    a = np.asarray(v)
+    if a.size != 1:
+        raise ValueError(f"{name} must be a scalar, got shape {a.shape}")
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real number, got dtype {a.dtype}")
+    return np.float32(a.reshape(()))
+
+
+def _channel_f32(v, name: str, depth: int) -> np.ndarray:
+    a = np.asarray(v)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real array, got dtype {a.dtype}")
+    if a.shape != (depth,):
+        raise ValueError(f"{name} must have shape ({depth},) (one value per channel of the last axis), got {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _check_range_values(mins: np.ndarray, maxs: np.ndarray, allow_zero: bool) -> np.ndarray:
+    """Validate per-channel ranges; returns the mask of channels with min == max == 0."""
+    if not (np.all(np.isfinite(mins)) and np.all(np.isfinite(maxs))):
+        raise ValueError(f"min and max must be finite, got min={_show(mins)}, max={_show(maxs)}")
+    zero = (mins == 0) & (maxs == 0) if allow_zero else np.zeros(mins.shape, bool)
+    bad = (mins >= maxs) & ~zero
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        where = f" (channel {i})" if mins.size > 1 else ""
+        raise ValueError(f"min has to be smaller than max, got min={mins.flat[i]!r} and max={maxs.flat[i]!r}{where}")
+    return zero
+
+
+def _show(a: np.ndarray):
+    return a.item() if a.size == 1 else a
+
+
+def _output(out, shape, dtype, name="out") -> np.ndarray:
+    """The array a kernel writes into: ``out`` itself when it is contiguous, else a new array."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{name} must have shape {tuple(shape)} and dtype {np.dtype(dtype)}, got {out.shape} and {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    if out.flags.c_contiguous:
+        return out
+    return np.empty(shape, dtype)
+
+
+def _finish(result: np.ndarray, out):
+    if out is not None and result is not out:
+        out[...] = result
+        return out
+    return result
+
+
+def _nudge_arrays(mins: np.ndarray, maxs: np.ndarray, num_bits: int, narrow_range: bool, zero: np.ndarray):
+    qminf, qmaxf = _grid(num_bits, narrow_range)
+    nmin, nmax, scale, inv, zp, qz = cpu.nudge_params(mins, maxs, qminf, qmaxf)
+    if np.any(zero):
+        # min == max == 0: the output is all zeros and the gradient passes through.
+        for arr in (nmin, nmax, scale, inv, qz):
+            arr[zero] = 0.0
+        zp[zero] = qminf
+    lo = np.where(zero, np.float32(-np.inf), nmin).astype(np.float32)
+    hi = np.where(zero, np.float32(np.inf), nmax).astype(np.float32)
+    return nmin, nmax, scale, inv, zp, qz, lo, hi
+
+
+def _axis_layout(shape, axis: int):
+    depth = shape[axis]
+    inner = int(np.prod(shape[axis + 1 :], dtype=np.int64))
+    return depth, inner
+
+
+# --- FakeQuant ----------------------------------------------------------------------
+def nudged_range(min, max, num_bits=8, narrow_range=False):
+    """TensorFlow's nudged quantization range (spec 1.1), per tensor or per channel.
+
+    ``min``/``max`` are scalars or 1-D arrays. Returns ``(nudged_min, nudged_max,
+    scale, zero_point)``: float32 values and an int64 zero point on TF's unsigned
+    grid ``[narrow_range, 2**num_bits - 1]`` (the nudged range is
+    ``(grid - zero_point) * scale``). Scalars in give scalars out.
+    """
+    nb = _num_bits_fq(num_bits)
+    scalar = np.ndim(min) == 0 and np.ndim(max) == 0
+    mins = np.atleast_1d(np.asarray(min, dtype=np.float32)).ravel()
+    maxs = np.atleast_1d(np.asarray(max, dtype=np.float32)).ravel()
+    if mins.shape != maxs.shape:
+        raise ValueError(f"min and max must have the same shape, got {np.shape(min)} and {np.shape(max)}")
+    zero = _check_range_values(mins, maxs, allow_zero=True)
+    nmin, nmax, scale, _, zp, _, _, _ = _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero)
+    zp = zp.astype(np.int64)
+    if scalar:
+        return nmin[0], nmax[0], scale[0], zp[0]
+    return nmin, nmax, scale, zp
+
+
+def fake_quant_with_min_max_args(inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_args``."""
+    x = _float32_tensor(inputs, "inputs")
+    nb = _num_bits_fq(num_bits)
+    lo_, hi_ = np.float32(min), np.float32(max)
+    if not lo_ < hi_:
+        raise ValueError(f"min has to be smaller than max, was: {float(min)} >= {float(max)}")
+    _check_range_values(np.array([lo_]), np.array([hi_]), allow_zero=False)
+    nmin, nmax, scale, inv, _, qz, _, _ = _nudge_arrays(np.array([lo_]), np.array([hi_]), nb, bool(narrow_range), np.zeros(1, bool))
+    res = _output(out, x.shape, np.float32)
+    cpu.fq_tensor_mul(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], inv[0], qz[0])
+    return _finish(res, out)
+
+
+def fake_quant_with_min_max_args_gradient(gradients, inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_args_gradient``: the d_inputs array."""
+    g = _float32_tensor(gradients, "gradients")
+    x = _float32_tensor(inputs, "inputs")
+    _same_shape(g, x, "gradients", "inputs")
+    nb = _num_bits_fq(num_bits)
+    lo_, hi_ = np.float32(min), np.float32(max)
+    if not lo_ < hi_:
+        raise ValueError(f"min has to be smaller than max, was: {float(min)} >= {float(max)}")
+    _check_range_values(np.array([lo_]), np.array([hi_]), allow_zero=False)
+    _, _, _, _, _, _, lo, hi = _nudge_arrays(np.array([lo_]), np.array([hi_]), nb, bool(narrow_range), np.zeros(1, bool))
+    res = _output(out, x.shape, np.float32)
+    cpu.fq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0])
+    return _finish(res, out)
+
+
+def _vars_params(min, max, num_bits, narrow_range):
+    nb = _num_bits_fq(num_bits)
+    mins = np.array([_scalar_f32(min, "min")])
+    maxs = np.array([_scalar_f32(max, "max")])
+    zero = _check_range_values(mins, maxs, allow_zero=True)
+    return _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero), bool(zero[0])
+
+
+def fake_quant_with_min_max_vars(inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_vars`` (scalar ``min``/``max``)."""
+    x = _float32_tensor(inputs, "inputs")
+    (nmin, nmax, scale, inv, _, qz, _, _), zero = _vars_params(min, max, num_bits, narrow_range)
+    res = _output(out, x.shape, np.float32)
+    if zero:  # min == max == 0: zeros (the divide variant would compute 0/0)
+        cpu.fq_tensor_mul(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], inv[0], qz[0])
+    else:
+        cpu.fq_tensor_div(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], qz[0])
+    return _finish(res, out)
+
+
+def fake_quant_with_min_max_vars_gradient(gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_vars_gradient``: ``(d_inputs, d_min, d_max)``."""
+    g = _float32_tensor(gradients, "gradients")
+    x = _float32_tensor(inputs, "inputs")
+    _same_shape(g, x, "gradients", "inputs")
+    (_, _, _, _, _, _, lo, hi), _ = _vars_params(min, max, num_bits, narrow_range)
+    res = _output(out, x.shape, np.float32)
+    dmin, dmax = cpu.fq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0])
+    return _finish(res, out), np.float32(dmin), np.float32(dmax)
+
+
+def _per_channel_params(x, min, max, num_bits, narrow_range):
+    if x.ndim < 1:
+        raise ValueError(f"inputs must have rank >= 1 for per-channel quantization, got shape {x.shape}")
+    nb = _num_bits_fq(num_bits)
+    depth = x.shape[-1]
+    mins = _channel_f32(min, "min", depth)
+    maxs = _channel_f32(max, "max", depth)
+    zero = _check_range_values(mins, maxs, allow_zero=True)
+    return _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero), depth
+
+
+def fake_quant_with_min_max_vars_per_channel(inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_vars_per_channel`` (channels on the last axis)."""
+    x = _float32_tensor(inputs, "inputs")
+    (nmin, nmax, scale, inv, _, qz, _, _), depth = _per_channel_params(x, min, max, num_bits, narrow_range)
+    res = _output(out, x.shape, np.float32)
+    if x.size:
+        cpu.fq_axis_mul(x.reshape(-1), res.reshape(-1), depth, 1, nmin, nmax, scale, inv, qz)
+    return _finish(res, out)
+
+
+def fake_quant_with_min_max_vars_per_channel_gradient(gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+    """``tf.quantization.fake_quant_with_min_max_vars_per_channel_gradient``: ``(d_inputs, d_min, d_max)``."""
+    g = _float32_tensor(gradients, "gradients")
+    x = _float32_tensor(inputs, "inputs")
+    _same_shape(g, x, "gradients", "inputs")
+    (_, _, _, _, _, _, lo, hi), depth = _per_channel_params(x, min, max, num_bits, narrow_range)
+    res = _output(out, x.shape, np.float32)
+    if x.size:
+        dmin, dmax = cpu.fq_axis_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, 1, lo, hi)
+    else:
+        dmin = dmax = np.zeros(depth)
+    return _finish(res, out), dmin.astype(np.float32), dmax.astype(np.float32)
+
+
+def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None):
+    """Integer codes of TF's fake quantization, for storing quantized weights.
+
+    Returns int32 codes ``q`` on TF's unsigned grid ``[narrow_range, 2**num_bits - 1]``
+    such that ``(q - zero_point) * scale`` equals, bit for bit, the fake-quant
+    output (``fake_quant_with_min_max_vars`` when ``axis`` is None,
+    the per-channel kernel along ``axis`` otherwise; ``zero_point`` and
+    ``scale`` from :func:`nudged_range`).
+    """
+    x = _float32_tensor(x, "x")
+    nb = _num_bits_fq(num_bits)
+    res = np.empty(x.shape, np.int32)
+    if axis is None:
+        (nmin, nmax, scale, inv, zp, qz, _, _), zero = _vars_params(min, max, nb, narrow_range)
+        if zero:
+            res.fill(int(zp[0]))
+        elif x.size:
+            cpu.fq_tensor_levels(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], qz[0], zp[0])
+        return res
+    ax = _norm_axis(axis, x.ndim)
+    depth, inner = _axis_layout(x.shape, ax)
+    mins = _channel_f32(min, "min", depth)
+    maxs = _channel_f32(max, "max", depth)
+    zero = _check_range_values(mins, maxs, allow_zero=True)
+    nmin, nmax, scale, inv, zp, qz, _, _ = _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero)
+    if x.size:
+        cpu.fq_axis_levels(x.reshape(-1), res.reshape(-1), depth, inner, nmin, nmax, inv, qz, zp)
+    return res
+
+
+def _norm_axis(axis, ndim: int) -> int:
+    try:
+        ax = operator.index(axis)
+    except TypeError:
+        raise ValueError(f"axis must be an integer or None, got {axis!r}") from None
+    if not -ndim <= ax < ndim:
+        raise ValueError(f"axis {axis} is out of range for an input of rank {ndim}")
+    return ax % ndim
+
+
+def minmax(x, axis=None):
+    """Min and max of ``x`` ignoring NaN, with a parallel kernel.
+
+    ``axis=None``: two scalars. ``axis=k``: two 1-D arrays of length
+    ``x.shape[k]`` (the min/max of each slice). An empty (or all-NaN) tensor
+    or slice gives ``(inf, -inf)``.
+    """
+    a = np.asarray(x)
+    if a.dtype not in (np.float32, np.float64):
+        if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
+            raise ValueError(f"minmax needs a real array, got dtype {a.dtype}")
+        a = a.astype(np.float32 if a.dtype.itemsize <= 2 else np.float64)
+    a = np.ascontiguousarray(a)
+    if axis is None:
+        lo, hi, _ = cpu.minmax_tensor(a.reshape(-1))
+        return a.dtype.type(lo), a.dtype.type(hi)
+    ax = _norm_axis(axis, a.ndim)
+    depth, inner = _axis_layout(a.shape, ax)
+    lo, hi, _ = cpu.minmax_axis(a.reshape(-1), depth, inner)
+    return lo, hi
+
+
+# --- QuantizeAndDequantize ---------------------------------------------------------
+_ROUND_MODES = ("HALF_TO_EVEN", "HALF_UP")
+
+
+def _qdq_tensor(x, name: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        if x.dtype not in (np.float32, np.float64):
+            raise ValueError(f"{name} must be float32 or float64, got {x.dtype}")
+    else:
+        try:
+            x = np.asarray(x, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a float array: {exc}") from None
+    return np.ascontiguousarray(x)
+
+
+def _qdq_range_arg(v, name: str, dtype, depth) -> np.ndarray:
+    a = np.asarray(v)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real number or array, got dtype {a.dtype}")
+    if depth is None:
+        if a.size != 1:
+            raise ValueError(f"{name} must be a scalar when axis is None, got shape {a.shape}")
+        return a.astype(dtype).reshape(1)
+    if a.shape != (depth,):
+        raise ValueError(f"{name} must have shape ({depth},) (one value per slice along axis), got {a.shape}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def quantize_and_dequantize_v2(
+    input,
+    input_min,
+    input_max,
+    signed_input=True,
+    num_bits=8,
+    range_given=False,
+    round_mode="HALF_TO_EVEN",
+    narrow_range=False,
+    axis=None,
+    *,
+    out=None,
+):
+    """``tf.quantization.quantize_and_dequantize_v2`` (TF's V4 kernel), float32 or float64.
+
+    With ``axis``, ``input_min``/``input_max`` are 1-D (one value per slice) and
+    every slice is quantized as if the per-tensor op ran on it alone, also
+    with ``range_given=True`` (TF's documented behaviour).
+    """
+    x = _qdq_tensor(input, "input")
+    dtype = x.dtype.type
+    try:
+        nb = operator.index(num_bits)
+    except TypeError:
+        raise ValueError(f"num_bits must be an integer, got {num_bits!r}") from None
+    signed = bool(signed_input)
+    if isinstance(num_bits, bool) or nb < 1 or nb >= (62 if signed else 63) or (signed and nb == 1):
+        raise ValueError(f"num_bits is out of range: {num_bits} with signed_input {signed}")
+    if round_mode not in _ROUND_MODES:
+        raise ValueError(f"Round mode string must be 'HALF_UP' or 'HALF_TO_EVEN', is '{round_mode}'")
+    half_up = round_mode == "HALF_UP"
+    if signed:
+        min_q = -(1 << (nb - 1)) + (1 if narrow_range else 0)
+        max_q = (1 << (nb - 1)) - 1
+    else:
+        min_q, max_q = 0, (1 << nb) - 1
+    min_q, max_q = dtype(min_q), dtype(max_q)
+    big = dtype(np.finfo(dtype).max)
+    half = dtype(0.5)
+
+    if axis is None:
+        mins = _qdq_range_arg(input_min, "input_min", dtype, None)
+        maxs = _qdq_range_arg(input_max, "input_max", dtype, None)
+        depth, inner = 1, max(x.size, 1)
+    else:
+        ax = _norm_axis(axis, x.ndim)
+        depth, inner = _axis_layout(x.shape, ax)
+        mins = _qdq_range_arg(input_min, "input_min", dtype, depth)
+        maxs = _qdq_range_arg(input_max, "input_max", dtype, depth)
+
+    res = _output(out, x.shape, x.dtype)
+    if range_given:
+        bad = mins > maxs
+        if np.any(bad):
+            i = int(np.flatnonzero(bad)[0])
+            where = "" if axis is None else f" at index {i} of axis {axis}"
+            raise ValueError(f"Invalid range: input_min {mins[i]} > input_max {maxs[i]}{where}")
+        lo, hi = mins, maxs
+    elif axis is None:
+        a, b, _ = cpu.minmax_tensor(x.reshape(-1))
+        lo, hi = np.array([a], x.dtype), np.array([b], x.dtype)
+    else:
+        lo, hi, _ = cpu.minmax_axis(x.reshape(-1), depth, inner)
+    if not range_given:
+        # an empty (or all-NaN) tensor or slice has no range: use [0, 0]
+        empty = lo > hi
+        lo = np.where(empty, 0, lo).astype(x.dtype)
+        hi = np.where(empty, 0, hi).astype(x.dtype)
+    scale, inv, lo, hi = cpu.qdq_params(np.ascontiguousarray(lo), np.ascontiguousarray(hi), min_q, max_q, big)
+    if x.size:
+        if axis is None:
+            cpu.qdq_tensor(x.reshape(-1), res.reshape(-1), lo[0], hi[0], scale[0], inv[0], bool(range_given), half_up, half)
+        else:
+            cpu.qdq_axis(x.reshape(-1), res.reshape(-1), depth, inner, lo, hi, scale, inv, bool(range_given), half_up, half)
+    return _finish(res, out)
+
+
+def quantize_and_dequantize_v2_gradient(gradients, input, input_min, input_max, axis=None, *, out=None):
+    """Gradient of ``quantize_and_dequantize_v2`` with respect to ``input``.
+
+    ``gradients * (input_min <= input <= input_max)`` with the raw range
+    arguments (per slice with ``axis``), whether or not the forward pass used
+    ``range_given``. The gradients with respect to the range are zero.
+    """
+    x = _qdq_tensor(input, "input")
+    g = _qdq_tensor(gradients, "gradients")
+    _same_shape(g, x, "gradients", "input")
+    if g.dtype != x.dtype:
+        raise ValueError(f"gradients and input must have the same dtype, got {g.dtype} and {x.dtype}")
+    dtype = x.dtype.type
+    one, zero = dtype(1), dtype(0)
+    res = _output(out, x.shape, x.dtype)
+    if axis is None:
+        lo = _qdq_range_arg(input_min, "input_min", dtype, None)
+        hi = _qdq_range_arg(input_max, "input_max", dtype, None)
+        if x.size:
+            cpu.qdq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0], one, zero)
+    else:
+        ax = _norm_axis(axis, x.ndim)
+        depth, inner = _axis_layout(x.shape, ax)
+        lo = _qdq_range_arg(input_min, "input_min", dtype, depth)
+        hi = _qdq_range_arg(input_max, "input_max", dtype, depth)
+        if x.size:
+            cpu.qdq_axis_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, inner, lo, hi, one, zero)
+    return _finish(res, out)
