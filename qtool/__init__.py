@@ -19,6 +19,8 @@ _LAZY = {
     "quantize_and_dequantize_v2": "qtool.kernels",
     "quantize_and_dequantize_v2_gradient": "qtool.kernels",
     "nudged_range": "qtool.kernels",
+    "quantize_codes": "qtool.kernels",
+    "minmax": "qtool.kernels",
     "rewrite_eval": "qtool.onnx_rewrite",
     "rewrite_train": "qtool.onnx_rewrite",
     "calibrate": "qtool.calibrate",

@@ -36,6 +36,11 @@ __all__ = [
 
 
 # --- argument helpers -------------------------------------------------------------
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """C-contiguous with the same shape (np.ascontiguousarray turns 0-d into 1-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
+
+
 def _float32_tensor(x, name: str) -> np.ndarray:
     """A C-contiguous float32 array. Non-arrays convert (as TF converts lists); arrays must be float32."""
     if isinstance(x, np.ndarray):
@@ -46,7 +51,7 @@ def _float32_tensor(x, name: str) -> np.ndarray:
             x = np.asarray(x, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name} must be a float32 array: {exc}") from None
-    return np.ascontiguousarray(x)
+    return _contiguous(x)
 
 
 def _same_shape(a: np.ndarray, b: np.ndarray, a_name: str, b_name: str) -> None:
@@ -308,14 +313,15 @@ def minmax(x, axis=None):
 
     ``axis=None``: two scalars. ``axis=k``: two 1-D arrays of length
     ``x.shape[k]`` (the min/max of each slice). An empty (or all-NaN) tensor
-    or slice gives ``(inf, -inf)``.
+    or slice gives ``(inf, -inf)``. Where -0.0 and 0.0 tie, the first in
+    memory order wins, whatever the number of threads.
     """
     a = np.asarray(x)
     if a.dtype not in (np.float32, np.float64):
         if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
             raise ValueError(f"minmax needs a real array, got dtype {a.dtype}")
         a = a.astype(np.float32 if a.dtype.itemsize <= 2 else np.float64)
-    a = np.ascontiguousarray(a)
+    a = _contiguous(a)
     if axis is None:
         lo, hi, _ = cpu.minmax_tensor(a.reshape(-1))
         return a.dtype.type(lo), a.dtype.type(hi)
@@ -338,7 +344,7 @@ def _qdq_tensor(x, name: str) -> np.ndarray:
             x = np.asarray(x, dtype=np.float32)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name} must be a float array: {exc}") from None
-    return np.ascontiguousarray(x)
+    return _contiguous(x)
 
 
 def _qdq_range_arg(v, name: str, dtype, depth) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Numba CPU kernels.
 
-Each kernel is ``@njit(parallel=True, cache=True)`` over ``prange`` and calls
+Each kernel is ``@njit(parallel=True, cache=True, error_model="numpy")`` over ``prange`` and calls
 the shared scalar math of ``_scalar`` (compiled for the CPU here). The
 kernels take C-contiguous arrays and precomputed per-tensor or per-channel
 parameters; ``qtool.kernels.api`` does validation, layout and dispatch.
@@ -18,15 +18,17 @@ from numba import njit, prange
 from qtool.kernels import _scalar
 from qtool.kernels._targets import build
 
+# error_model="numpy": IEEE results (inf, nan) instead of Python's ZeroDivisionError.
+_jit = njit(error_model="numpy")
 _PRIMS = {
-    "mul": njit(lambda a, b: a * b),
-    "div": njit(lambda a, b: a / b),
-    "add": njit(lambda a, b: a + b),
-    "sub": njit(lambda a, b: a - b),
-    "floor": njit(lambda a: np.floor(a)),
-    "rint": njit(lambda a: np.rint(a)),
+    "mul": _jit(lambda a, b: a * b),
+    "div": _jit(lambda a, b: a / b),
+    "add": _jit(lambda a, b: a + b),
+    "sub": _jit(lambda a, b: a - b),
+    "floor": _jit(lambda a: np.floor(a)),
+    "rint": _jit(lambda a: np.rint(a)),
 }
-_S = build(_PRIMS, njit)
+_S = build(_PRIMS, _jit)
 
 nudge = _S.nudge
 fq_level_mul = _S.fq_level_mul
@@ -46,7 +48,7 @@ CHUNK = 1 << 16
 
 
 # --- parameters ---------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def nudge_params(mins, maxs, qminf, qmaxf):
     """Per-channel nudging: arrays of nudged_min, nudged_max, scale, inv_scale, zp, quant_zero."""
     d = mins.size
@@ -61,7 +63,7 @@ def nudge_params(mins, maxs, qminf, qmaxf):
     return nmin, nmax, scale, inv, zp, qz
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def qdq_params(min_range, max_range, min_q, max_q, big):
     """Per-slice scale choice: arrays of scale, inverse_scale, adjusted min, adjusted max."""
     d = min_range.size
@@ -75,19 +77,19 @@ def qdq_params(min_range, max_range, min_q, max_q, big):
 
 
 # --- FakeQuant, per tensor ------------------------------------------------------
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_tensor_mul(x, out, nmin, nmax, scale, inv_scale, quant_zero):
     for i in prange(x.size):
         out[i] = fq_mul(x[i], nmin, nmax, scale, inv_scale, quant_zero)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_tensor_div(x, out, nmin, nmax, scale, quant_zero):
     for i in prange(x.size):
         out[i] = fq_div(x[i], nmin, nmax, scale, quant_zero)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_tensor_grad(g, x, out, lo, hi):
     """d_inputs into ``out``; returns (d_min, d_max) summed in float64."""
     dmin = 0.0
@@ -103,7 +105,7 @@ def fq_tensor_grad(g, x, out, lo, hi):
     return dmin, dmax
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_tensor_levels(x, out, nmin, nmax, scale, quant_zero, zp):
     """Integer codes (level + zero point) of the ``vars`` forward, as int32."""
     for i in prange(x.size):
@@ -111,7 +113,7 @@ def fq_tensor_levels(x, out, nmin, nmax, scale, quant_zero, zp):
 
 
 # --- FakeQuant, per axis ([outer, depth, inner] walked in flat chunks) ----------
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_axis_mul(x, out, depth, inner, nmin, nmax, scale, inv_scale, quant_zero):
     n = x.size
     nchunks = (n + CHUNK - 1) // CHUNK
@@ -130,7 +132,7 @@ def fq_axis_mul(x, out, depth, inner, nmin, nmax, scale, inv_scale, quant_zero):
                     c = 0
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
     """Integer codes (level + zero point) of the per-channel forward, as int32."""
     n = x.size
@@ -150,7 +152,7 @@ def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
                     c = 0
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def fq_axis_grad(g, x, out, depth, inner, lo, hi):
     """Per-channel d_inputs into ``out``; returns (d_min, d_max) as float64 arrays."""
     n = x.size
@@ -180,7 +182,7 @@ def fq_axis_grad(g, x, out, depth, inner, lo, hi):
 
 
 # --- QuantizeAndDequantize --------------------------------------------------------
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def qdq_tensor(x, out, lo, hi, scale, inv, clamp, half_up, half):
     if clamp:
         for i in prange(x.size):
@@ -190,7 +192,7 @@ def qdq_tensor(x, out, lo, hi, scale, inv, clamp, half_up, half):
             out[i] = qdq_free(x[i], scale, inv, half_up, half)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def qdq_axis(x, out, depth, inner, lo, hi, scale, inv, clamp, half_up, half):
     n = x.size
     nchunks = (n + CHUNK - 1) // CHUNK
@@ -212,13 +214,13 @@ def qdq_axis(x, out, depth, inner, lo, hi, scale, inv, clamp, half_up, half):
                     c = 0
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def qdq_tensor_grad(g, x, out, lo, hi, one, zero):
     for i in prange(x.size):
         out[i] = qdq_masked(g[i], x[i], lo, hi, one, zero)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def qdq_axis_grad(g, x, out, depth, inner, lo, hi, one, zero):
     n = x.size
     nchunks = (n + CHUNK - 1) // CHUNK
@@ -238,7 +240,7 @@ def qdq_axis_grad(g, x, out, depth, inner, lo, hi, one, zero):
 
 
 # --- reductions -------------------------------------------------------------------
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def minmax_tensor(x):
     """(min, max, count of non-NaN values) of a flat array, ignoring NaN."""
     n = x.size
@@ -276,7 +278,7 @@ def minmax_tensor(x):
     return lo, hi, cnt
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def minmax_axis(x, depth, inner):
     """Per-slice (min, max, count) along the middle axis of [outer, depth, inner], ignoring NaN."""
     n = x.size
