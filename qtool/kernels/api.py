@@ -313,8 +313,9 @@ def minmax(x, axis=None):
 
     ``axis=None``: two scalars. ``axis=k``: two 1-D arrays of length
     ``x.shape[k]`` (the min/max of each slice). An empty (or all-NaN) tensor
-    or slice gives ``(inf, -inf)``. Where -0.0 and 0.0 tie, the first in
-    memory order wins, whatever the number of threads.
+    or slice gives ``(inf, -inf)``. Where -0.0 and 0.0 tie, the last in
+    memory order wins (as in TensorFlow's scalar reduction), whatever the
+    number of threads.
     """
     a = np.asarray(x)
     if a.dtype not in (np.float32, np.float64):
@@ -323,12 +324,11 @@ def minmax(x, axis=None):
         a = a.astype(np.float32 if a.dtype.itemsize <= 2 else np.float64)
     a = _contiguous(a)
     if axis is None:
-        lo, hi, _ = cpu.minmax_tensor(a.reshape(-1))
+        lo, hi = cpu.minmax_tensor(a.reshape(-1))
         return a.dtype.type(lo), a.dtype.type(hi)
     ax = _norm_axis(axis, a.ndim)
     depth, inner = _axis_layout(a.shape, ax)
-    lo, hi, _ = cpu.minmax_axis(a.reshape(-1), depth, inner)
-    return lo, hi
+    return cpu.minmax_axis(a.reshape(-1), depth, inner)
 
 
 # --- QuantizeAndDequantize ---------------------------------------------------------
@@ -419,10 +419,10 @@ def quantize_and_dequantize_v2(
             raise ValueError(f"Invalid range: input_min {mins[i]} > input_max {maxs[i]}{where}")
         lo, hi = mins, maxs
     elif axis is None:
-        a, b, _ = cpu.minmax_tensor(x.reshape(-1))
+        a, b = cpu.minmax_tensor(x.reshape(-1))
         lo, hi = np.array([a], x.dtype), np.array([b], x.dtype)
     else:
-        lo, hi, _ = cpu.minmax_axis(x.reshape(-1), depth, inner)
+        lo, hi = cpu.minmax_axis(x.reshape(-1), depth, inner)
     if not range_given:
         # an empty (or all-NaN) tensor or slice has no range: use [0, 0]
         empty = lo > hi

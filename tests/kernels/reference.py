@@ -89,8 +89,9 @@ def qdq(x, input_min, input_max, signed=True, num_bits=8, range_given=False, hal
         lo, hi = T(input_min), T(input_max)
     else:
         finite = x[~np.isnan(x)]
-        # the first occurrence of the extreme value (decides the sign of a zero range end)
-        lo, hi = (T(finite[np.argmin(finite)]), T(finite[np.argmax(finite)])) if finite.size else (T(0), T(0))
+        # the last occurrence of the extreme value decides the sign of a zero range end (TF's scalar reduction)
+        rev = finite[::-1]
+        lo, hi = (T(rev[np.argmin(rev)]), T(rev[np.argmax(rev)])) if finite.size else (T(0), T(0))
     big = T(np.finfo(x.dtype).max)
     with np.errstate(all="ignore"):
         sf_min = min_q / lo if min_q * lo > 0 else big
