@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import click
 
 from qtool.cli._common import (
@@ -52,6 +55,61 @@ def rewrite_train_cmd(model, output, **options):
 @click.option("--exclude", multiple=True, metavar="NODE_NAME", help="Keep this node in float (repeatable).")
 @in_place_option
 @json_option
-def rewrite_eval_cmd(model, output, **options):
-    """Fold batch norms, insert QuantizeLinear/DequantizeLinear and write a deployable int8 model."""
-    not_built("rewrite-eval", "issue 3")
+def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, activation_bits, symmetric,
+                     per_channel, scope, exclude, in_place, as_json):
+    """Fold batch norms, insert QuantizeLinear/DequantizeLinear and write a deployable int8 model.
+
+    \b
+      qtool rewrite-eval model.onnx -o model.qdq.onnx --calibration-data calib.npz
+    """
+    from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+
+    if output is None and not in_place:
+        raise click.UsageError("give an output path with -o/--output, or --in-place")
+    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    try:
+        result = rewrite_eval(
+            model,
+            output,
+            calibration_data=calibration_data,
+            batch_size=batch_size,
+            weight_bits=weight_bits,
+            activation_bits=activation_bits,
+            symmetric=symmetric,
+            per_channel=per_channel,
+            scope=scope,
+            exclude=exclude,
+            in_place=in_place,
+            progress=bar.update,
+        )
+    finally:
+        bar.close()
+    for warning in result.warnings:
+        click.echo(f"qtool: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(result.format_text())
+
+
+class _ProgressBar:
+    """A click progress bar on stderr over calibration samples (off when not a terminal)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        self.done = 0
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label="calibrating", file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None

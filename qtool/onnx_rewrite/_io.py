@@ -1,0 +1,245 @@
+"""Reading and writing model files.
+
+- ``load_model`` turns every way a model file can be wrong (missing, a folder,
+  unreadable, not ONNX, truncated, external data missing) into a
+  :class:`~qtool.errors.QtoolError` with one clear line.
+- ``save_model`` never leaves a partial output: it writes into a temporary
+  folder next to the target and renames at the end (external data first, then
+  the ``.onnx`` file). On any failure the temporary folder is removed and the
+  target is untouched.
+- Models whose tensors add up to more than ``EXTERNAL_DATA_THRESHOLD`` bytes
+  (protobuf cannot hold 2 GB), or that were read with external data, are
+  written with external data in ``<output name>.data``.
+- The IR version written is at most ``MAX_IR_VERSION`` (what the onnxruntime
+  in the dependencies reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from qtool.errors import QtoolError
+
+# onnxruntime 1.31 loads IR version <= 13 (onnx 1.23 writes 14 by default).
+MAX_IR_VERSION = 13
+# Protobuf's hard limit is 2 GiB for the whole message; stay clear of it.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+@dataclass
+class LoadedModel:
+    model: ir.Model
+    path: str
+    external_data: bool  # the file referenced tensors in external files
+
+
+def _check_readable(path: str, what: str = "model") -> None:
+    if not os.path.exists(path):
+        raise QtoolError(f"{what} file '{path}' does not exist")
+    if os.path.isdir(path):
+        raise QtoolError(f"{what} path '{path}' is a folder, not a file")
+    if not os.access(path, os.R_OK):
+        raise QtoolError(f"cannot read {what} file '{path}': permission denied")
+
+
+def load_model(path: str | os.PathLike) -> LoadedModel:
+    """Load an ONNX file into the IR, with clear errors for every bad file."""
+    path = os.fspath(path)
+    _check_readable(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise QtoolError(f"cannot read model file '{path}': {exc.strerror or exc}") from exc
+    if not data:
+        raise QtoolError(f"'{path}' is empty, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise QtoolError(f"'{path}' is not an ONNX model or is truncated ({exc})") from exc
+    del data
+    if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
+        raise QtoolError(f"'{path}' is not an ONNX model (no graph, IR version or opset)")
+    logger = logging.getLogger("onnx_ir")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # undefined inputs are reported below, as one line
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:  # noqa: BLE001 - any failure here means a malformed file
+        raise QtoolError(f"'{path}' is not a valid ONNX model: {exc}") from exc
+    finally:
+        logger.setLevel(level)
+    base_dir = os.path.dirname(os.path.abspath(path))
+    ir.external_data.set_base_dir(model.graph, base_dir)
+    external = _check_external_data(model, path)
+    _check_graph_closed(model.graph, path)
+    return LoadedModel(model, path, external)
+
+
+def _check_external_data(model: ir.Model, path: str) -> bool:
+    external = False
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            external = True
+            data_path = tensor.path
+            if not os.path.isfile(data_path):
+                raise QtoolError(
+                    f"external data file '{tensor.location}' of tensor '{value.name}' "
+                    f"(referenced by '{path}') does not exist"
+                )
+            length = tensor.length if tensor.length is not None else tensor.nbytes
+            end = (tensor.offset or 0) + length
+            if os.path.getsize(data_path) < end:
+                raise QtoolError(
+                    f"external data file '{tensor.location}' is truncated: tensor '{value.name}' "
+                    f"needs bytes up to {end}, the file has {os.path.getsize(data_path)}"
+                )
+    return external
+
+
+def _check_graph_closed(graph: ir.Graph, path: str) -> None:
+    """Every value a node reads must be defined: catches files cut at a field boundary."""
+    for node in graph:
+        for value in node.inputs:
+            if value is None:
+                continue
+            if value.producer() is None and not value.is_graph_input() and not value.is_initializer():
+                if value.graph is None and value.const_value is None:
+                    raise QtoolError(
+                        f"'{path}' is invalid or truncated: tensor '{value.name}' read by node "
+                        f"'{node.name or node.op_type}' is not defined"
+                    )
+    if not graph.outputs:
+        raise QtoolError(f"'{path}' is invalid or truncated: the graph has no outputs")
+
+
+# --- saving -----------------------------------------------------------------------
+def tensor_bytes(model: ir.Model) -> int:
+    """Bytes of all initializers and Constant-node tensors (what protobuf would hold)."""
+    total = 0
+    for value in model.graph.initializers.values():
+        if value.const_value is not None:
+            total += value.const_value.nbytes
+    for node in model.graph.all_nodes():
+        if node.op_type == "Constant" and node.domain == "":
+            attr = node.attributes.get("value")
+            if attr is not None and attr.type == ir.AttributeType.TENSOR:
+                total += attr.as_tensor().nbytes
+    return total
+
+
+def check_output_path(output: str | os.PathLike) -> str:
+    """The absolute output path, after checking that its folder exists and is writable."""
+    output = os.fspath(output)
+    folder = os.path.dirname(os.path.abspath(output)) or "."
+    if not os.path.isdir(folder):
+        raise QtoolError(f"output folder '{os.path.dirname(output) or folder}' does not exist")
+    if os.path.isdir(output):
+        raise QtoolError(f"output path '{output}' is a folder, not a file")
+    if not os.access(folder, os.W_OK):
+        raise QtoolError(f"cannot write to output folder '{folder}': permission denied")
+    return os.path.abspath(output)
+
+
+def clamp_ir_version(model: ir.Model) -> None:
+    """IR version: at least what the opsets need, at most what onnxruntime reads."""
+    opsets = [onnx.helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()]
+    try:
+        needed = onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    except Exception:  # noqa: BLE001 - unknown domains
+        needed = 7
+    model.ir_version = min(max(model.ir_version, needed), MAX_IR_VERSION)
+
+
+def save_model(model: ir.Model, output: str | os.PathLike, *, external_data: bool = False) -> str | None:
+    """Write ``model`` to ``output`` atomically. Returns the external data file name, if any.
+
+    ``external_data`` forces external data; it is also used when the tensors
+    exceed :data:`EXTERNAL_DATA_THRESHOLD`.
+    """
+    output = check_output_path(output)
+    folder = os.path.dirname(output)
+    name = os.path.basename(output)
+    use_external = external_data or tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    tmpdir = tempfile.mkdtemp(prefix=".qtool-tmp-", dir=folder)
+    try:
+        tmp_model = os.path.join(tmpdir, name)
+        data_name = None
+        if use_external:
+            data_name = name + ".data"
+            ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
+            _fsync(os.path.join(tmpdir, data_name))
+        else:
+            proto = ir.serde.serialize_model(model)
+            with open(tmp_model, "wb") as f:
+                f.write(proto.SerializeToString())
+        _fsync(tmp_model)
+        if data_name is not None:
+            os.replace(os.path.join(tmpdir, data_name), os.path.join(folder, data_name))
+        os.replace(tmp_model, output)
+        return data_name
+    except ValueError as exc:
+        if "2GB" in str(exc) or "exceeds maximum protobuf size" in str(exc):
+            raise QtoolError(f"cannot write '{output}': model too large for one file ({exc})") from exc
+        raise
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _fsync(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def light_proto(model: ir.Model, *, limit: int = 1024) -> tuple[onnx.ModelProto, dict[str, ir.TensorProtocol]]:
+    """A ModelProto of ``model`` whose big initializers are placeholders (external data refs).
+
+    For the onnx C++ APIs (version converter, shape inference), which
+    serialize the whole model and fail beyond 2 GB; it also saves copying
+    weights they never read. Returns the proto and the name -> tensor map to
+    restore them with :func:`restore_tensors`.
+    """
+    saved: dict[str, ir.TensorProtocol] = {}
+    values = list(model.graph.initializers.values())
+    try:
+        for value in values:
+            tensor = value.const_value
+            if tensor is None or (tensor.nbytes <= limit and not isinstance(tensor, ir.ExternalTensor)):
+                continue
+            saved[value.name] = tensor
+            value.const_value = ir.ExternalTensor(
+                "__qtool_placeholder__", offset=0, length=tensor.nbytes, dtype=tensor.dtype,
+                shape=tensor.shape, name=value.name, base_dir="",
+            )
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value in values:
+            if value.name in saved:
+                value.const_value = saved[value.name]
+    return proto, saved
+
+
+def restore_tensors(model: ir.Model, saved: dict[str, ir.TensorProtocol]) -> None:
+    """Put back the tensors :func:`light_proto` replaced, into a model deserialized from it."""
+    for name, tensor in saved.items():
+        value = model.graph.initializers.get(name)
+        if value is not None:
+            value.const_value = tensor

@@ -1,0 +1,103 @@
+"""Names: stable names for unnamed nodes, unique names for inserted ones.
+
+Exporters often leave nodes unnamed. qtool names them ``<OpType>_<k>``
+(``k`` counts nodes of that op type in graph order), so the report and
+``--exclude`` can refer to them and a rerun gives the same names. Inserted
+nodes and tensors are named after where they came from, TensorFlow style:
+``<context>/weights_quant/DequantizeLinear`` where the context is the layer
+node's name without its last ``/`` component (``/conv1/Conv`` -> ``/conv1``),
+or the whole name when it has no ``/``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+
+def name_unnamed_nodes(graph: ir.Graph) -> int:
+    """Give every unnamed top-level node a stable name; returns how many were named."""
+    used = {node.name for node in graph.all_nodes() if node.name}
+    counters: Counter[str] = Counter()
+    named = 0
+    for node in graph:
+        if node.name:
+            continue
+        while True:
+            candidate = f"{node.op_type}_{counters[node.op_type]}"
+            counters[node.op_type] += 1
+            if candidate not in used:
+                break
+        node.name = candidate
+        used.add(candidate)
+        named += 1
+    return named
+
+
+def context_of(name: str) -> str:
+    """TensorFlow's context of an op name: everything before the last ``/``.
+
+    Names without a ``/`` (generated ``Conv_3``, or a plain ``conv1``) are their
+    own context, so ``conv1`` gives ``conv1/weights_quant/...``.
+    """
+    head, sep, _ = name.rpartition("/")
+    if sep and head:
+        return head
+    return name
+
+
+class NameScope:
+    """Hands out node and value names that are unique in the model."""
+
+    def __init__(self, graph: ir.Graph):
+        self._nodes: set[str] = set()
+        self._values: set[str] = set()
+        for value in graph.inputs:
+            if value.name:
+                self._values.add(value.name)
+        for name in graph.initializers:
+            self._values.add(name)
+        for node in graph.all_nodes():
+            if node.name:
+                self._nodes.add(node.name)
+            for value in node.outputs:
+                if value.name:
+                    self._values.add(value.name)
+
+    @staticmethod
+    def _unique(base: str, used: set[str]) -> str:
+        name = base
+        k = 1
+        while name in used:
+            name = f"{base}_{k}"
+            k += 1
+        used.add(name)
+        return name
+
+    def node(self, base: str) -> str:
+        return self._unique(base, self._nodes)
+
+    def value(self, base: str) -> str:
+        return self._unique(base, self._values)
+
+    def reserve_value(self, name: str) -> None:
+        self._values.add(name)
+
+    def prefix(self, base: str, nodes: Sequence[str] = (), values: Sequence[str] = ()) -> str:
+        """A prefix ``base`` (or ``base_k``) under which all the given names are free.
+
+        Reserves ``prefix/<name>`` for each node and value name, so the parts
+        of one quantizer always share one prefix.
+        """
+        k = 0
+        while True:
+            candidate = base if k == 0 else f"{base}_{k}"
+            node_names = [f"{candidate}/{n}" for n in nodes]
+            value_names = [f"{candidate}/{v}" for v in values]
+            if not any(n in self._nodes for n in node_names) and not any(v in self._values for v in value_names):
+                self._nodes.update(node_names)
+                self._values.update(value_names)
+                return candidate
+            k += 1

@@ -1,0 +1,413 @@
+"""The deployable eval graph: a quantization plan encoded as QuantizeLinear/DequantizeLinear.
+
+Spec section 6. For each point of a :class:`~qtool.onnx_rewrite.placement.QuantPlan`:
+
+- **weights**: quantized offline with qtool's kernels (``quantize_codes``,
+  narrow range, last-value range widened to 0 or symmetric) and stored as a
+  signed integer initializer ``<ctx>/weights_quant/quantized`` (values
+  ``q - 2**(bits-1)``) with ``scale``/``zero_point`` initializers, read by a
+  ``DequantizeLinear`` (``axis`` = the layer's output-channel axis when
+  per-channel);
+- **activations**: ``QuantizeLinear -> [Clip] -> DequantizeLinear`` on the
+  tensor, every reader (graph outputs included, which keep their names) reads
+  the dequantized value. Scale and zero point are TF's nudged ones for the
+  calibrated (or default) range; uint8 for asymmetric ranges, int8 (zero point
+  ``zp - 128``) for symmetric ones.
+
+Two additions make onnxruntime run the layers in int8, as TF's converter
+does for TFLite; neither changes the values TF's fake-quant graph computes
+beyond the rounding of an int32 bias:
+
+- **propagated input quantizers**: a layer whose input comes from a quantized
+  tensor through range-keeping ops (MaxPool, Reshape, Flatten, Transpose,
+  (Un)Squeeze, Identity, AveragePool, GlobalAveragePool) gets a Q/DQ with the
+  same parameters on its input (TFLite also runs these ops on the input's
+  scale);
+- **int32 biases**: the bias of a Conv/ConvTranspose/Gemm whose weight and
+  input are quantized is stored as int32 with scale ``input_scale *
+  weight_scale`` and zero point 0 (TFLite's bias encoding; onnxruntime only
+  fuses a QDQ Conv into QLinearConv with such a bias).
+
+QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
+weights are rounded offline by the kernels, so only activations can differ,
+by one step on exact ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.onnx_rewrite._names import NameScope, context_of
+from qtool.onnx_rewrite.constants import contiguous, constant_array, constant_source, remove_if_unused
+from qtool.onnx_rewrite.matcher import DEQUANTIZE, GraphView
+from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS, group_of
+from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantConfig, QuantPlan, WeightPoint
+from qtool.onnx_rewrite.ranges import QParams, Storage, activation_params, weight_params
+
+PROPAGATE_THROUGH = RANGE_PRESERVING_OPS + ("AveragePool", "GlobalAveragePool")
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass
+class EvalEncoding:
+    """What the encoder did, for the report."""
+
+    weights: list[dict] = field(default_factory=list)
+    activations: list[dict] = field(default_factory=list)
+    propagated: list[dict] = field(default_factory=list)
+    biases: list[dict] = field(default_factory=list)
+    left_in_float: list[LeftInFloat] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    opset_needed: int = 10
+
+
+def needed_opset(config: QuantConfig) -> int:
+    """The opset the eval encoding of ``config`` needs."""
+    from qtool.onnx_rewrite.ranges import storage
+
+    need = 10
+    if config.per_channel:
+        need = 13
+    w = storage(config.weight_bits, signed=True, narrow=True)
+    a = storage(config.activation_bits, signed=config.symmetric, narrow=False)
+    need = max(need, w.opset, a.opset)
+    if a.needs_clip and a.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
+        need = max(need, 12)  # Clip on integer types
+    return need
+
+
+def _tensor(array: np.ndarray, name: str, dtype: ir.DataType | None = None) -> ir.Tensor:
+    return ir.Tensor(contiguous(array), dtype=dtype, name=name)
+
+
+class EvalEncoder:
+    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int):
+        self.graph = graph
+        self.plan = plan
+        self.config = plan.config
+        self.names = names
+        self.opset = opset
+        self.view = GraphView(graph)
+        self.result = EvalEncoding()
+        self.weight_scales: dict[int, tuple[np.ndarray, int | None]] = {}  # layer id -> (scale, axis)
+
+    # --- helpers ---------------------------------------------------------------------------
+    def initializer(self, name: str, array: np.ndarray, dtype: ir.DataType | None = None) -> ir.Value:
+        tensor = _tensor(array, name, dtype)
+        # no type/shape on the value: they would be written as redundant value_info
+        value = ir.Value(name=name, const_value=tensor)
+        self.graph.register_initializer(value)
+        return value
+
+    def _insert_after(self, value: ir.Value, nodes: list[ir.Node]) -> None:
+        producer = value.producer()
+        if producer is not None and producer.graph is self.graph:
+            self.graph.insert_after(producer, nodes)
+        elif len(self.graph):
+            self.graph.insert_before(self.graph[0], nodes)
+        else:
+            self.graph.extend(nodes)
+
+    def insert_qdq(self, value: ir.Value, base: str, scale: ir.Value, zero_point: ir.Value, store: Storage) -> ir.Node:
+        """Q -> [Clip] -> DQ on ``value``; every reader of ``value`` reads the DQ output."""
+        uses = list(value.uses())
+        was_output = [i for i, out in enumerate(self.graph.outputs) if out is value]
+        q = ir.node("QuantizeLinear", [value, scale, zero_point], name=f"{base}/QuantizeLinear")
+        q.outputs[0].name = f"{base}/quantized"
+        q.outputs[0].dtype = store.dtype
+        q.outputs[0].shape = value.shape
+        nodes = [q]
+        last = q.outputs[0]
+        if store.needs_clip:
+            nodes_clip, last = self._clip(last, base, store)
+            nodes.extend(nodes_clip)
+        dq = ir.node("DequantizeLinear", [last, scale, zero_point], name=f"{base}/DequantizeLinear")
+        out = dq.outputs[0]
+        out.name = f"{base}/dequantized"
+        out.dtype = ir.DataType.FLOAT
+        out.shape = value.shape
+        nodes.append(dq)
+        self._insert_after(value, nodes)
+        for node, index in uses:
+            node.replace_input_with(index, out)
+        if was_output:
+            name = value.name
+            value.name = self.names.value(f"{name}/float")
+            out.name = name
+            for i in was_output:
+                self.graph.outputs[i] = out
+        return dq
+
+    def _clip(self, value: ir.Value, base: str, store: Storage):
+        lo, hi = store.grid
+        if store.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
+            np_dtype = store.numpy_dtype()
+            lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np_dtype))
+            hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np_dtype))
+            clip = ir.node("Clip", [value, lo_v, hi_v], name=f"{base}/Clip")
+            clip.outputs[0].name = f"{base}/clipped"
+            clip.outputs[0].dtype = store.dtype
+            return [clip], clip.outputs[0]
+        # onnxruntime has no 16-bit Clip: clip in int32
+        lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np.int32))
+        hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np.int32))
+        up = ir.node("Cast", [value], {"to": ir.DataType.INT32}, name=f"{base}/Cast")
+        up.outputs[0].name = f"{base}/quantized_int32"
+        clip = ir.node("Clip", [up.outputs[0], lo_v, hi_v], name=f"{base}/Clip")
+        clip.outputs[0].name = f"{base}/clipped_int32"
+        down = ir.node("Cast", [clip.outputs[0]], {"to": store.dtype}, name=f"{base}/Cast_back")
+        down.outputs[0].name = f"{base}/clipped"
+        down.outputs[0].dtype = store.dtype
+        return [up, clip, down], down.outputs[0]
+
+    def _qdq_prefix(self, base: str, clip: bool, cast: bool) -> str:
+        nodes = ["QuantizeLinear", "DequantizeLinear"] + (["Clip"] if clip else []) + (["Cast", "Cast_back"] if cast else [])
+        values = ["quantized", "dequantized", "scale", "zero_point"]
+        if clip:
+            values += ["clip_min", "clip_max", "clipped"]
+        if cast:
+            values += ["quantized_int32", "clipped_int32"]
+        return self.names.prefix(base, nodes, values)
+
+    # --- weights ---------------------------------------------------------------------------
+    def encode_weight(self, point: WeightPoint) -> None:
+        w = constant_array(point.value)
+        layer_names = [n.name for n in point.layers]
+        if w is None or w.dtype != np.float32:
+            for n in point.layers:
+                self.result.left_in_float.append(LeftInFloat(n.name, n.op_type, "weights not quantized: not a float32 constant"))
+            return
+        if not np.all(np.isfinite(w)):
+            for n in point.layers:
+                self.result.left_in_float.append(LeftInFloat(n.name, n.op_type, "weights not quantized: the weight has inf or NaN values"))
+            return
+        cfg = self.config
+        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.symmetric, axis=point.axis)
+        base = self.names.prefix(point.name, ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
+        q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
+        scale = self.initializer(f"{base}/scale", params.scale)
+        zp = self.initializer(f"{base}/zero_point", params.zero_point, params.storage.dtype)
+        attrs = {"axis": int(point.axis)} if point.axis is not None else {}
+        dq = ir.node("DequantizeLinear", [q_init, scale, zp], attrs, name=f"{base}/DequantizeLinear")
+        dq.outputs[0].name = f"{base}/dequantized"
+        dq.outputs[0].dtype = ir.DataType.FLOAT
+        dq.outputs[0].shape = ir.Shape(w.shape)
+        first = min(point.layers, key=lambda n: self._position(n))
+        self.graph.insert_before(first, dq)
+        source = constant_source(point.value)
+        for layer in point.layers:
+            for i, v in enumerate(layer.inputs):
+                if v is point.value and i == 1:
+                    layer.replace_input_with(i, dq.outputs[0])
+            self.weight_scales[id(layer)] = (params.scale, point.axis)
+        if source is not None:
+            remove_if_unused(self.graph, source.nodes, [source.root])
+        entry = {
+            "tensor": point.value.name,
+            "layers": layer_names,
+            "op": point.layers[0].op_type,
+            "quantizer": base,
+            "axis": point.axis,
+            "bits": cfg.weight_bits,
+            "channels": int(np.size(params.scale)),
+            "dtype": params.storage.dtype.name.lower(),
+        }
+        if params.degenerate:
+            entry["all_zero_channels"] = params.degenerate
+        self.result.weights.append(entry)
+
+    def _position(self, node: ir.Node) -> int:
+        if not hasattr(self, "_order"):
+            self._order = {id(n): i for i, n in enumerate(self.graph)}
+        return self._order.get(id(node), 0)
+
+    # --- activations -------------------------------------------------------------------------
+    def encode_activation(self, point: ActivationPoint, observed: tuple[float, float] | None) -> None:
+        cfg = self.config
+        source = "calibration" if observed is not None else "default"
+        lo, hi = observed if observed is not None else point.default_range
+        params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric)
+        store = params.storage
+        clip = store.needs_clip
+        cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
+        base = self._qdq_prefix(point.name, clip, cast)
+        scale = self.initializer(f"{base}/scale", params.scale)
+        zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
+        tensor_name = point.value.name
+        self.insert_qdq(point.value, base, scale, zp, store)
+        entry = {
+            "tensor": tensor_name,
+            "kind": point.kind,
+            "rule": point.rule,
+            "quantizer": base,
+            "range_source": source,
+            "range": [float(lo), float(hi)],
+            "nudged_range": [float(params.nudged[0]), float(params.nudged[1])],
+            "scale": float(params.scale),
+            "zero_point": int(params.zero_point.astype(np.int64)),
+            "dtype": store.dtype.name.lower(),
+        }
+        if params.degenerate:
+            entry["note"] = "range [0, 0]: the tensor quantizes to 0"
+        self.result.activations.append(entry)
+
+    # --- onnxruntime additions ----------------------------------------------------------------
+    def _dq_params(self, dq: ir.Node) -> tuple[ir.Value, ir.Value, ir.DataType] | None:
+        if len(dq.inputs) < 3 or dq.inputs[1] is None or dq.inputs[2] is None:
+            return None
+        if "axis" in dq.attributes and np.size(constant_array(dq.inputs[1])) != 1:
+            return None
+        zp = dq.inputs[2]
+        dtype = zp.dtype or (zp.const_value.dtype if zp.const_value is not None else None)
+        if dtype is None:
+            return None
+        return dq.inputs[1], zp, dtype
+
+    def propagate_inputs(self) -> None:
+        for match in self.plan.layers:
+            layer = match.layer
+            if id(layer) not in self.weight_scales and not self._weight_exists(layer):
+                continue
+            x = layer.inputs[0]
+            if x is None:
+                continue
+            producer = x.producer()
+            if producer is not None and producer.domain == "" and producer.op_type == DEQUANTIZE:
+                continue
+            found = None
+            through: list[str] = []
+            v = x
+            for _ in range(32):
+                p = v.producer()
+                if p is None or p.domain != "":
+                    break
+                if p.op_type == DEQUANTIZE:
+                    found = p
+                    break
+                if p.op_type not in PROPAGATE_THROUGH or not p.inputs or p.inputs[0] is None:
+                    break
+                through.append(p.op_type)
+                v = p.inputs[0]
+            params = self._dq_params(found) if found is not None and through else None
+            if params is None:
+                self.result.notes.append(
+                    f"layer '{layer.name}': its input '{x.name}' is not quantized, so onnxruntime runs it with float inputs"
+                )
+                continue
+            scale, zp, dtype = params
+            store = _storage_of(dtype, self.config.activation_bits, self.config.symmetric)
+            clip = store.needs_clip
+            cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
+            base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", clip, cast)
+            name = x.name
+            self.insert_qdq(x, base, scale, zp, store)
+            self.result.propagated.append({
+                "tensor": name,
+                "layer": layer.name,
+                "quantizer": base,
+                "same_as": found.name,
+                "through": through,
+            })
+
+    def _weight_exists(self, layer: ir.Node) -> bool:
+        w = layer.inputs[1] if len(layer.inputs) > 1 else None
+        p = w.producer() if w is not None else None
+        return p is not None and p.domain == "" and p.op_type == DEQUANTIZE
+
+    def quantize_biases(self) -> None:
+        for match in self.plan.layers:
+            layer = match.layer
+            if id(layer) not in self.weight_scales or layer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+                continue
+            if len(layer.inputs) < 3 or layer.inputs[2] is None:
+                continue
+            bias = layer.inputs[2]
+            b = constant_array(bias)
+            if b is None or b.dtype != np.float32:
+                continue
+            x = layer.inputs[0]
+            xp = x.producer() if x is not None else None
+            if xp is None or xp.domain != "" or xp.op_type != DEQUANTIZE:
+                continue
+            x_scale = constant_array(xp.inputs[1])
+            if x_scale is None or x_scale.size != 1:
+                continue
+            if layer.op_type == "Gemm":
+                beta = layer.attributes.get("beta")
+                if (beta is not None and beta.as_float() != 1.0) or b.ndim != 1:
+                    continue
+            w_scale, axis = self.weight_scales[id(layer)]
+            channels = b.size
+            w_scale = np.asarray(w_scale, dtype=np.float32).reshape(-1)
+            if w_scale.size == 1:
+                per_out = np.full(channels, w_scale[0], dtype=np.float32)
+            elif layer.op_type == "ConvTranspose" and w_scale.size * group_of(layer) == channels:
+                per_out = np.tile(w_scale, group_of(layer))
+            elif w_scale.size == channels:
+                per_out = w_scale
+            else:
+                continue
+            b_scale = (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
+            if np.any(b_scale == 0) or not np.all(np.isfinite(b_scale)):
+                continue
+            q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
+            if np.any(q < _INT32.min) or np.any(q > _INT32.max):
+                self.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
+                continue
+            q = q.astype(np.int32)
+            ctx = context_of(layer.name or layer.op_type)
+            base = self.names.prefix(f"{ctx}/bias_quant", ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
+            per_tensor = self.opset < 13
+            if per_tensor and not np.all(b_scale == b_scale[0]):
+                continue
+            scale_arr = b_scale[:1].reshape(()) if per_tensor else b_scale
+            zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
+            q_init = self.initializer(f"{base}/quantized", q.reshape(b.shape))
+            scale = self.initializer(f"{base}/scale", scale_arr)
+            zp = self.initializer(f"{base}/zero_point", zp_arr)
+            attrs = {} if per_tensor else {"axis": 0}
+            dq = ir.node("DequantizeLinear", [q_init, scale, zp], attrs, name=f"{base}/DequantizeLinear")
+            dq.outputs[0].name = f"{base}/dequantized"
+            dq.outputs[0].dtype = ir.DataType.FLOAT
+            dq.outputs[0].shape = ir.Shape(b.shape)
+            self.graph.insert_before(layer, dq)
+            source = constant_source(bias)
+            layer.replace_input_with(2, dq.outputs[0])
+            if source is not None:
+                remove_if_unused(self.graph, source.nodes, [source.root])
+            err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0
+            self.result.biases.append({"layer": layer.name, "quantizer": base, "max_abs_error": err})
+
+    def run(self, ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
+        for point in self.plan.new_weights():
+            self.encode_weight(point)
+        for point in self.plan.new_activations():
+            observed = None if ranges is None else ranges.get(point.value.name)
+            self.encode_activation(point, observed)
+        self.propagate_inputs()
+        self.quantize_biases()
+        return self.result
+
+
+def _storage_of(dtype: ir.DataType, bits: int, symmetric: bool) -> Storage:
+    """The storage of an existing quantizer, from its zero point type."""
+    from qtool.onnx_rewrite.ranges import storage
+
+    signed = dtype in (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT4)
+    st = storage(bits, signed=signed, narrow=False)
+    if st.dtype != dtype:  # an existing quantizer of another width: keep its type, no clip
+        return Storage(dtype, st.shift, _full_bits(dtype), False)
+    return st
+
+
+def _full_bits(dtype: ir.DataType) -> int:
+    return {ir.DataType.INT4: 4, ir.DataType.UINT4: 4, ir.DataType.INT16: 16, ir.DataType.UINT16: 16}.get(dtype, 8)
+
+
+def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,
+                      ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
+    """Write ``plan`` into ``graph`` as Q/DQ (in place)."""
+    return EvalEncoder(graph, plan, names, opset).run(ranges)

@@ -1,0 +1,44 @@
+"""Raising the opset with ``onnx.version_converter`` (real models arrive at opset 11).
+
+The converter serializes the whole model, which fails beyond 2 GB and copies
+every weight; it never reads weight values, so it gets a light proto whose
+large initializers are external-data placeholders, and the converted model
+gets the original tensors back.
+"""
+
+from __future__ import annotations
+
+import onnx
+import onnx_ir as ir
+
+from qtool.errors import QtoolError
+from qtool.onnx_rewrite._io import light_proto, restore_tensors
+
+
+def default_opset(model: ir.Model) -> int:
+    version = model.opset_imports.get("")
+    if version is None:
+        version = model.opset_imports.get("ai.onnx")
+    if version is None:
+        raise QtoolError("the model imports no version of the standard ONNX operator set")
+    return int(version)
+
+
+def convert_opset(model: ir.Model, target: int, why: str) -> ir.Model:
+    """A copy of ``model`` at opset ``target`` (weights shared, not copied)."""
+    current = default_opset(model)
+    if current >= target:
+        return model
+    proto, saved = light_proto(model)
+    try:
+        converted = onnx.version_converter.convert_version(proto, target)
+    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError/ValueError/...
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QtoolError(
+            f"cannot convert the model from opset {current} to {target}, which {why} "
+            f"(onnx version converter: {message})"
+        ) from exc
+    del proto
+    new = ir.serde.deserialize_model(converted)
+    restore_tensors(new, saved)
+    return new

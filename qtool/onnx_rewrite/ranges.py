@@ -1,0 +1,142 @@
+"""Ranges and their integer encoding (spec sections 4 and 6), on qtool's kernels.
+
+- Ranges contain 0 (TF widens them so that 0 is exactly representable), or
+  are made symmetric with TF's formula (section 4).
+- ``nudged_range`` maps a range to TF's scale and zero point on the unsigned
+  grid ``[quant_min, 2**bits - 1]``; qtool stores that grid shifted by
+  ``2**(bits-1)`` when the container is signed (int8 weights: ``q - 128``,
+  zero point ``zp - 128``), unshifted for unsigned activations.
+- Containers: 8 bits -> int8/uint8; 16 -> int16/uint16 and 4 -> int4/uint4
+  (opset 21); other widths -> the 8- or 16-bit container with a Clip on the
+  integer values (activations; stored weights are in range by construction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+
+@dataclass(frozen=True)
+class Storage:
+    dtype: ir.DataType  # container type of the integer values
+    shift: int  # stored = unsigned grid value - shift
+    bits: int
+    narrow: bool
+
+    @property
+    def opset(self) -> int:
+        """The lowest opset whose QuantizeLinear/DequantizeLinear take this type."""
+        if self.dtype in (ir.DataType.INT8, ir.DataType.UINT8):
+            return 10
+        return 21
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Stored integer bounds of the TF grid."""
+        lo = (1 if self.narrow else 0) - self.shift
+        hi = (2**self.bits - 1) - self.shift
+        return lo, hi
+
+    @property
+    def needs_clip(self) -> bool:
+        """True when the container holds more values than the grid (odd widths)."""
+        return self.grid != _CONTAINER_RANGE[self.dtype]
+
+    def numpy_dtype(self) -> np.dtype:
+        return self.dtype.numpy()
+
+
+_CONTAINER_RANGE = {
+    ir.DataType.INT8: (-128, 127),
+    ir.DataType.UINT8: (0, 255),
+    ir.DataType.INT16: (-32768, 32767),
+    ir.DataType.UINT16: (0, 65535),
+    ir.DataType.INT4: (-8, 7),
+    ir.DataType.UINT4: (0, 15),
+}
+
+
+def storage(bits: int, *, signed: bool, narrow: bool) -> Storage:
+    if bits == 4:
+        dtype = ir.DataType.INT4 if signed else ir.DataType.UINT4
+    elif bits <= 8:
+        dtype = ir.DataType.INT8 if signed else ir.DataType.UINT8
+    else:
+        dtype = ir.DataType.INT16 if signed else ir.DataType.UINT16
+    shift = 2 ** (bits - 1) if signed else 0
+    return Storage(dtype, shift, bits, narrow)
+
+
+def _ratio(bits: int, narrow: bool) -> np.float32:
+    if narrow:
+        return np.float32(-1.0)
+    return np.float32(-((2**bits) - 2) / 2**bits)
+
+
+def widen(lo, hi, *, bits: int, narrow: bool, symmetric: bool):
+    """TF's range adjustment: contain 0, or symmetric (spec section 4). float32 math."""
+    lo = np.asarray(lo, dtype=np.float32)
+    hi = np.asarray(hi, dtype=np.float32)
+    if symmetric:
+        r = _ratio(bits, narrow)
+        new_lo = np.minimum(lo, hi / r)
+        new_hi = np.maximum(hi, lo * r)
+        return new_lo.astype(np.float32), new_hi.astype(np.float32)
+    return np.minimum(lo, np.float32(0)).astype(np.float32), np.maximum(hi, np.float32(0)).astype(np.float32)
+
+
+@dataclass
+class QParams:
+    """What a Q/DQ pair stores: scale (float32) and zero point (container type)."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray  # stored values (shifted)
+    storage: Storage
+    range: tuple[np.ndarray, np.ndarray]  # the range given to nudging (after widening)
+    nudged: tuple[np.ndarray, np.ndarray]
+    degenerate: int = 0  # channels whose range was [0, 0] (scale set to 1: all values 0)
+
+
+def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool) -> QParams:
+    """Scale and zero point of TF's nudged range ``[lo, hi]`` (already widened)."""
+    from qtool.kernels import nudged_range
+
+    store = storage(bits, signed=signed, narrow=narrow)
+    nmin, nmax, scale, zp = nudged_range(lo, hi, num_bits=bits, narrow_range=narrow)
+    scale = np.asarray(scale, dtype=np.float32)
+    zero = scale == 0
+    degenerate = int(np.count_nonzero(zero))
+    if degenerate:
+        # min == max == 0: TF outputs zeros. Every code equals the zero point, so
+        # any scale gives 0; 1.0 keeps QuantizeLinear and int8 kernels well defined.
+        scale = np.where(zero, np.float32(1.0), scale).astype(np.float32)
+    stored_zp = (np.asarray(zp, dtype=np.int64) - store.shift).astype(store.numpy_dtype())
+    return QParams(scale, stored_zp, store, (np.asarray(lo), np.asarray(hi)), (nmin, nmax), degenerate)
+
+
+def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None):
+    """Range, codes and parameters of a weight tensor (last-value range, narrow grid).
+
+    Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
+    codes shifted into the signed container.
+    """
+    from qtool.kernels import minmax, quantize_codes
+
+    if axis is None:
+        lo, hi = minmax(w)
+    else:
+        lo, hi = minmax(w, axis=axis)
+    lo, hi = widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
+    codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis)
+    params = qparams(lo, hi, bits=bits, narrow=True, signed=True)
+    stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())
+    return stored, params
+
+
+def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool) -> QParams:
+    """Parameters of an activation quantizer from an observed (or default) range."""
+    lo, hi = widen(np.float32(lo), np.float32(hi), bits=bits, narrow=False, symmetric=symmetric)
+    return qparams(lo, hi, bits=bits, narrow=False, signed=symmetric)
