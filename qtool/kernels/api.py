@@ -6,6 +6,17 @@ Validation, dtype and layout handling live here; the arithmetic lives in
 Conventions:
 - numpy arrays in, numpy arrays out: a new C-contiguous array, or ``out=``
   (same shape and dtype as the result) when given.
+- GPU arrays in, GPU arrays out: numba device arrays and any object with
+  ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors) run the
+  CUDA kernels of ``cuda`` (bit-identical to the CPU kernels) and give numba
+  device arrays, or write ``out=`` (a GPU array); nothing is copied to the
+  host but a handful of parameters. The keyword ``device="cpu" | "cuda"``
+  chooses explicitly (default ``None``: where the tensors live); tensors on
+  the other side are then copied, and results stay where the kernel ran.
+  GPU results that TF returns as scalars (``d_min``/``d_max`` of the vars
+  gradient, ``minmax`` without axis) are 0-d device arrays. CUDA needs the
+  ``cuda`` extra (``pip install 'qtool[cuda]'``) and a GPU; asking for it
+  without them raises ``CudaUnavailableError`` (a ``RuntimeError``).
 - Errors are ``ValueError`` with TensorFlow's message where TensorFlow has
   one; qtool also rejects inputs on which TensorFlow silently returns garbage.
 - NaN inputs propagate to the outputs (the gradients mask them out); +-inf
@@ -18,6 +29,7 @@ import operator
 
 import numpy as np
 
+from qtool.errors import QtoolError
 from qtool.kernels import cpu
 
 __all__ = [
@@ -33,6 +45,160 @@ __all__ = [
     "quantize_codes",
     "minmax",
 ]
+
+
+# --- devices ----------------------------------------------------------------------
+class CudaUnavailableError(QtoolError, RuntimeError):
+    """CUDA was asked for (``device="cuda"`` or GPU arrays) but cannot run here."""
+
+
+_cuda_module = None
+
+
+def _is_device_array(obj) -> bool:
+    """A numba device array or any object with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors)."""
+    return getattr(obj, "__cuda_ndarray__", False) is True or hasattr(obj, "__cuda_array_interface__")
+
+
+def _load_cuda():
+    """``qtool.kernels.cuda``, imported on the first CUDA request only."""
+    global _cuda_module
+    if _cuda_module is None:
+        try:
+            from qtool.kernels import cuda as cu  # noqa: PLC0415
+        except ImportError as exc:
+            msg = str(exc) if "qtool[cuda]" in str(exc) else f"qtool's CUDA kernels could not be loaded: {exc}"
+            raise CudaUnavailableError(msg) from None
+        _cuda_module = cu
+    return _cuda_module
+
+
+def _param(v):
+    """Range arguments (min/max) on the host: a GPU array is copied (a handful of values)."""
+    return _load_cuda().to_host(v) if _is_device_array(v) else v
+
+
+class _HostBackend:
+    """numpy arrays and the CPU kernels (qtool's behaviour without CUDA)."""
+
+    is_cuda = False
+    kernels = cpu
+
+    @staticmethod
+    def float32_tensor(x, name):
+        return _float32_tensor(_param(x), name)
+
+    @staticmethod
+    def qdq_tensor(x, name):
+        return _qdq_tensor(_param(x), name)
+
+    @staticmethod
+    def output(out, shape, dtype):
+        return _output(out, shape, dtype)
+
+    @staticmethod
+    def finish(res, out):
+        return _finish(res, out)
+
+    @staticmethod
+    def flat(a):
+        return a.reshape(-1)
+
+    @staticmethod
+    def fill(a, value):
+        a.fill(value)
+
+
+class _CudaBackend:
+    """Device arrays and the CUDA kernels. One instance per call (it remembers the ``out`` view)."""
+
+    is_cuda = True
+
+    def __init__(self, cu):
+        self.kernels = cu
+        self._out_view = None
+
+    def _device(self, x, name, dtypes, message):
+        cu = self.kernels
+        d = cu.as_device_array(x)
+        if d.dtype not in dtypes:
+            raise ValueError(message.format(name=name, dtype=d.dtype))
+        return cu.contiguous(d)
+
+    def float32_tensor(self, x, name):
+        if not _is_device_array(x):  # device="cuda" with host data: an explicit copy
+            return self.kernels.to_device(_float32_tensor(x, name))
+        return self._device(x, name, (np.float32,), "{name} must be float32, got {dtype} (cast it with .astype(np.float32))")
+
+    def qdq_tensor(self, x, name):
+        if not _is_device_array(x):
+            return self.kernels.to_device(_qdq_tensor(x, name))
+        return self._device(x, name, (np.float32, np.float64), "{name} must be float32 or float64, got {dtype}")
+
+    def output(self, out, shape, dtype):
+        cu = self.kernels
+        if out is None:
+            return cu.empty(shape, dtype)
+        if not _is_device_array(out):
+            raise ValueError(
+                "out must be a GPU array (a numba device array or an object with __cuda_array_interface__) "
+                f"when the kernel runs on CUDA, got {type(out).__name__}"
+            )
+        d = cu.as_device_array(out)
+        if tuple(d.shape) != tuple(shape) or d.dtype != dtype:
+            raise ValueError(f"out must have shape {tuple(shape)} and dtype {np.dtype(dtype)}, got {tuple(d.shape)} and {d.dtype}")
+        if cu.is_read_only(out):
+            raise ValueError("out is read-only")
+        self._out_view = d
+        if d.is_c_contiguous():
+            return d
+        return cu.empty(shape, dtype)
+
+    def finish(self, res, out):
+        if out is None:
+            return res
+        if res is not self._out_view:  # a strided out: device-to-device copy into it
+            self.kernels.copy_into(self._out_view, res)
+        return out
+
+    @staticmethod
+    def flat(a):
+        return a.ravel()
+
+    def fill(self, a, value):
+        self.kernels.fill_int32(a.ravel(), value)
+
+
+_HOST = _HostBackend()
+
+
+def _cuda_backend() -> _CudaBackend:
+    cu = _load_cuda()
+    ok, why = cu.available()
+    if not ok:
+        raise CudaUnavailableError(f"CUDA was requested but no CUDA GPU is available: {why}")
+    return _CudaBackend(cu)
+
+
+def _backend(device, **tensors):
+    """The backend for a call: ``device`` if given, else where the tensors live (all on one side)."""
+    if device is None:
+        where = {name: _is_device_array(t) for name, t in tensors.items()}
+        if not any(where.values()):
+            return _HOST
+        if not all(where.values()):
+            gpu = [n for n, d in where.items() if d]
+            host = [n for n, d in where.items() if not d]
+            raise ValueError(
+                f"{' and '.join(gpu)} {'is' if len(gpu) == 1 else 'are'} on the GPU but {' and '.join(host)} on the host: "
+                "pass all tensors on one device, or device='cuda' / device='cpu' to copy explicitly"
+            )
+        return _cuda_backend()
+    if isinstance(device, str) and device == "cpu":
+        return _HOST
+    if isinstance(device, str) and device == "cuda":
+        return _cuda_backend()
+    raise ValueError(f"device must be 'cpu', 'cuda' or None (where the data lives), got {device!r}")
 
 
 # --- argument helpers -------------------------------------------------------------
@@ -74,7 +240,7 @@ def _grid(num_bits: int, narrow_range: bool) -> tuple[np.float32, np.float32]:
 
 
 def _scalar_f32(v, name: str) -> np.float32:
-    a = np.asarray(v)
+    a = np.asarray(_param(v))
     if a.size != 1:
         raise ValueError(f"{name} must be a scalar, got shape {a.shape}")
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
@@ -83,7 +249,7 @@ def _scalar_f32(v, name: str) -> np.float32:
 
 
 def _channel_f32(v, name: str, depth: int) -> np.ndarray:
-    a = np.asarray(v)
+    a = np.asarray(_param(v))
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"{name} must be a real array, got dtype {a.dtype}")
     if a.shape != (depth,):
@@ -159,6 +325,7 @@ def nudged_range(min, max, num_bits=8, narrow_range=False):
     ``(grid - zero_point) * scale``). Scalars in give scalars out.
     """
     nb = _num_bits_fq(num_bits)
+    min, max = _param(min), _param(max)  # GPU arrays: copied, the result is parameters on the host
     scalar = np.ndim(min) == 0 and np.ndim(max) == 0
     mins = np.atleast_1d(np.asarray(min, dtype=np.float32)).ravel()
     maxs = np.atleast_1d(np.asarray(max, dtype=np.float32)).ravel()
@@ -172,24 +339,28 @@ def nudged_range(min, max, num_bits=8, narrow_range=False):
     return nmin, nmax, scale, zp
 
 
-def fake_quant_with_min_max_args(inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None):
+def fake_quant_with_min_max_args(inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None, device=None):
     """``tf.quantization.fake_quant_with_min_max_args``."""
-    x = _float32_tensor(inputs, "inputs")
+    be = _backend(device, inputs=inputs)
+    x = be.float32_tensor(inputs, "inputs")
     nb = _num_bits_fq(num_bits)
     lo_, hi_ = np.float32(min), np.float32(max)
     if not lo_ < hi_:
         raise ValueError(f"min has to be smaller than max, was: {float(min)} >= {float(max)}")
     _check_range_values(np.array([lo_]), np.array([hi_]), allow_zero=False)
     nmin, nmax, scale, inv, _, qz, _, _ = _nudge_arrays(np.array([lo_]), np.array([hi_]), nb, bool(narrow_range), np.zeros(1, bool))
-    res = _output(out, x.shape, np.float32)
-    cpu.fq_tensor_mul(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], inv[0], qz[0])
-    return _finish(res, out)
+    res = be.output(out, x.shape, np.float32)
+    be.kernels.fq_tensor_mul(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], inv[0], qz[0])
+    return be.finish(res, out)
 
 
-def fake_quant_with_min_max_args_gradient(gradients, inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None):
+def fake_quant_with_min_max_args_gradient(
+    gradients, inputs, min=-6.0, max=6.0, num_bits=8, narrow_range=False, *, out=None, device=None
+):
     """``tf.quantization.fake_quant_with_min_max_args_gradient``: the d_inputs array."""
-    g = _float32_tensor(gradients, "gradients")
-    x = _float32_tensor(inputs, "inputs")
+    be = _backend(device, gradients=gradients, inputs=inputs)
+    g = be.float32_tensor(gradients, "gradients")
+    x = be.float32_tensor(inputs, "inputs")
     _same_shape(g, x, "gradients", "inputs")
     nb = _num_bits_fq(num_bits)
     lo_, hi_ = np.float32(min), np.float32(max)
@@ -197,9 +368,10 @@ def fake_quant_with_min_max_args_gradient(gradients, inputs, min=-6.0, max=6.0, 
         raise ValueError(f"min has to be smaller than max, was: {float(min)} >= {float(max)}")
     _check_range_values(np.array([lo_]), np.array([hi_]), allow_zero=False)
     _, _, _, _, _, _, lo, hi = _nudge_arrays(np.array([lo_]), np.array([hi_]), nb, bool(narrow_range), np.zeros(1, bool))
-    res = _output(out, x.shape, np.float32)
-    cpu.fq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0])
-    return _finish(res, out)
+    res = be.output(out, x.shape, np.float32)
+    # g * float(lo <= x <= hi): the same arithmetic as the quantize-dequantize gradient, no sums
+    be.kernels.qdq_tensor_grad(be.flat(g), be.flat(x), be.flat(res), lo[0], hi[0], np.float32(1), np.float32(0))
+    return be.finish(res, out)
 
 
 def _vars_params(min, max, num_bits, narrow_range):
@@ -210,27 +382,34 @@ def _vars_params(min, max, num_bits, narrow_range):
     return _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero), bool(zero[0])
 
 
-def fake_quant_with_min_max_vars(inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+def fake_quant_with_min_max_vars(inputs, min, max, num_bits=8, narrow_range=False, *, out=None, device=None):
     """``tf.quantization.fake_quant_with_min_max_vars`` (scalar ``min``/``max``)."""
-    x = _float32_tensor(inputs, "inputs")
+    be = _backend(device, inputs=inputs)
+    x = be.float32_tensor(inputs, "inputs")
     (nmin, nmax, scale, inv, _, qz, _, _), zero = _vars_params(min, max, num_bits, narrow_range)
-    res = _output(out, x.shape, np.float32)
+    res = be.output(out, x.shape, np.float32)
     if zero:  # min == max == 0: zeros (the divide variant would compute 0/0)
-        cpu.fq_tensor_mul(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], inv[0], qz[0])
+        be.kernels.fq_tensor_mul(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], inv[0], qz[0])
     else:
-        cpu.fq_tensor_div(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], qz[0])
-    return _finish(res, out)
+        be.kernels.fq_tensor_div(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], qz[0])
+    return be.finish(res, out)
 
 
-def fake_quant_with_min_max_vars_gradient(gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
-    """``tf.quantization.fake_quant_with_min_max_vars_gradient``: ``(d_inputs, d_min, d_max)``."""
-    g = _float32_tensor(gradients, "gradients")
-    x = _float32_tensor(inputs, "inputs")
+def fake_quant_with_min_max_vars_gradient(gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None, device=None):
+    """``tf.quantization.fake_quant_with_min_max_vars_gradient``: ``(d_inputs, d_min, d_max)``.
+
+    On CUDA ``d_min``/``d_max`` are float32 0-d device arrays.
+    """
+    be = _backend(device, gradients=gradients, inputs=inputs)
+    g = be.float32_tensor(gradients, "gradients")
+    x = be.float32_tensor(inputs, "inputs")
     _same_shape(g, x, "gradients", "inputs")
     (_, _, _, _, _, _, lo, hi), _ = _vars_params(min, max, num_bits, narrow_range)
-    res = _output(out, x.shape, np.float32)
-    dmin, dmax = cpu.fq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0])
-    return _finish(res, out), np.float32(dmin), np.float32(dmax)
+    res = be.output(out, x.shape, np.float32)
+    dmin, dmax = be.kernels.fq_tensor_grad(be.flat(g), be.flat(x), be.flat(res), lo[0], hi[0])
+    if be.is_cuda:  # already float32 on the device
+        return be.finish(res, out), dmin, dmax
+    return be.finish(res, out), np.float32(dmin), np.float32(dmax)
 
 
 def _per_channel_params(x, min, max, num_bits, narrow_range):
@@ -244,23 +423,30 @@ def _per_channel_params(x, min, max, num_bits, narrow_range):
     return _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero), depth
 
 
-def fake_quant_with_min_max_vars_per_channel(inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+def fake_quant_with_min_max_vars_per_channel(inputs, min, max, num_bits=8, narrow_range=False, *, out=None, device=None):
     """``tf.quantization.fake_quant_with_min_max_vars_per_channel`` (channels on the last axis)."""
-    x = _float32_tensor(inputs, "inputs")
+    be = _backend(device, inputs=inputs)
+    x = be.float32_tensor(inputs, "inputs")
     (nmin, nmax, scale, inv, _, qz, _, _), depth = _per_channel_params(x, min, max, num_bits, narrow_range)
-    res = _output(out, x.shape, np.float32)
+    res = be.output(out, x.shape, np.float32)
     if x.size:
-        cpu.fq_axis_mul(x.reshape(-1), res.reshape(-1), depth, 1, nmin, nmax, scale, inv, qz)
-    return _finish(res, out)
+        be.kernels.fq_axis_mul(be.flat(x), be.flat(res), depth, 1, nmin, nmax, scale, inv, qz)
+    return be.finish(res, out)
 
 
-def fake_quant_with_min_max_vars_per_channel_gradient(gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None):
+def fake_quant_with_min_max_vars_per_channel_gradient(
+    gradients, inputs, min, max, num_bits=8, narrow_range=False, *, out=None, device=None
+):
     """``tf.quantization.fake_quant_with_min_max_vars_per_channel_gradient``: ``(d_inputs, d_min, d_max)``."""
-    g = _float32_tensor(gradients, "gradients")
-    x = _float32_tensor(inputs, "inputs")
+    be = _backend(device, gradients=gradients, inputs=inputs)
+    g = be.float32_tensor(gradients, "gradients")
+    x = be.float32_tensor(inputs, "inputs")
     _same_shape(g, x, "gradients", "inputs")
     (_, _, _, _, _, _, lo, hi), depth = _per_channel_params(x, min, max, num_bits, narrow_range)
-    res = _output(out, x.shape, np.float32)
+    res = be.output(out, x.shape, np.float32)
+    if be.is_cuda:  # sums already float32 on the device (zeros for an empty tensor)
+        dmin, dmax = be.kernels.fq_axis_grad(be.flat(g), be.flat(x), be.flat(res), depth, 1, lo, hi)
+        return be.finish(res, out), dmin, dmax
     if x.size:
         dmin, dmax = cpu.fq_axis_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, 1, lo, hi)
     else:
@@ -268,7 +454,7 @@ def fake_quant_with_min_max_vars_per_channel_gradient(gradients, inputs, min, ma
     return _finish(res, out), dmin.astype(np.float32), dmax.astype(np.float32)
 
 
-def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None):
+def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None, *, device=None):
     """Integer codes of TF's fake quantization, for storing quantized weights.
 
     Returns int32 codes ``q`` on TF's unsigned grid ``[narrow_range, 2**num_bits - 1]``
@@ -277,15 +463,16 @@ def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None):
     the per-channel kernel along ``axis`` otherwise; ``zero_point`` and
     ``scale`` from :func:`nudged_range`).
     """
-    x = _float32_tensor(x, "x")
+    be = _backend(device, x=x)
+    x = be.float32_tensor(x, "x")
     nb = _num_bits_fq(num_bits)
-    res = np.empty(x.shape, np.int32)
+    res = be.output(None, x.shape, np.int32)
     if axis is None:
         (nmin, nmax, scale, inv, zp, qz, _, _), zero = _vars_params(min, max, nb, narrow_range)
         if zero:
-            res.fill(int(zp[0]))
+            be.fill(res, int(zp[0]))
         elif x.size:
-            cpu.fq_tensor_levels(x.reshape(-1), res.reshape(-1), nmin[0], nmax[0], scale[0], qz[0], zp[0])
+            be.kernels.fq_tensor_levels(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], qz[0], zp[0])
         return res
     ax = _norm_axis(axis, x.ndim)
     depth, inner = _axis_layout(x.shape, ax)
@@ -294,7 +481,7 @@ def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None):
     zero = _check_range_values(mins, maxs, allow_zero=True)
     nmin, nmax, scale, inv, zp, qz, _, _ = _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero)
     if x.size:
-        cpu.fq_axis_levels(x.reshape(-1), res.reshape(-1), depth, inner, nmin, nmax, inv, qz, zp)
+        be.kernels.fq_axis_levels(be.flat(x), be.flat(res), depth, inner, nmin, nmax, inv, qz, zp)
     return res
 
 
@@ -308,7 +495,7 @@ def _norm_axis(axis, ndim: int) -> int:
     return ax % ndim
 
 
-def minmax(x, axis=None):
+def minmax(x, axis=None, *, device=None):
     """Min and max of ``x`` ignoring NaN, with a parallel kernel.
 
     ``axis=None``: two scalars. ``axis=k``: two 1-D arrays of length
@@ -316,8 +503,13 @@ def minmax(x, axis=None):
     or slice gives ``(inf, -inf)``. Where -0.0 and 0.0 tie, the last in
     memory order wins (as in TensorFlow's scalar reduction), whatever the
     number of threads.
+
+    On CUDA the results are device arrays (0-d without ``axis``).
     """
-    a = np.asarray(x)
+    be = _backend(device, x=x)
+    if be.is_cuda:
+        return _minmax_cuda(be.kernels, x, axis)
+    a = np.asarray(_param(x))
     if a.dtype not in (np.float32, np.float64):
         if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating) or a.dtype == np.bool_):
             raise ValueError(f"minmax needs a real array, got dtype {a.dtype}")
@@ -329,6 +521,33 @@ def minmax(x, axis=None):
     ax = _norm_axis(axis, a.ndim)
     depth, inner = _axis_layout(a.shape, ax)
     return cpu.minmax_axis(a.reshape(-1), depth, inner)
+
+
+def _minmax_result_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype in (np.float32, np.float64):
+        return dtype
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating) or dtype == np.bool_):
+        raise ValueError(f"minmax needs a real array, got dtype {dtype}")
+    return np.dtype(np.float32 if dtype.itemsize <= 2 else np.float64)
+
+
+def _minmax_cuda(cu, x, axis):
+    """``minmax`` on the GPU: reduces the tensor in its own dtype, results in the CPU path's float dtype."""
+    if _is_device_array(x):
+        d = cu.as_device_array(x)
+        res_dtype = _minmax_result_dtype(d.dtype)
+        if d.dtype == np.float16:
+            raise ValueError("minmax on the GPU takes float32, float64, integer or bool arrays, got float16")
+        d = cu.contiguous(d)
+    else:  # device="cuda" with host data: convert as the CPU path does, then copy
+        a = np.asarray(x)
+        res_dtype = _minmax_result_dtype(a.dtype)
+        d = cu.to_device(_contiguous(a.astype(res_dtype, copy=False)))
+    if axis is None:
+        return cu.minmax_tensor(d.ravel(), res_dtype)
+    ax = _norm_axis(axis, d.ndim)
+    depth, inner = _axis_layout(d.shape, ax)
+    return cu.minmax_axis(d.ravel(), depth, inner, res_dtype)
 
 
 # --- QuantizeAndDequantize ---------------------------------------------------------
@@ -348,7 +567,7 @@ def _qdq_tensor(x, name: str) -> np.ndarray:
 
 
 def _qdq_range_arg(v, name: str, dtype, depth) -> np.ndarray:
-    a = np.asarray(v)
+    a = np.asarray(_param(v))
     if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"{name} must be a real number or array, got dtype {a.dtype}")
     if depth is None:
@@ -372,6 +591,7 @@ def quantize_and_dequantize_v2(
     axis=None,
     *,
     out=None,
+    device=None,
 ):
     """``tf.quantization.quantize_and_dequantize_v2`` (TF's V4 kernel), float32 or float64.
 
@@ -379,7 +599,8 @@ def quantize_and_dequantize_v2(
     every slice is quantized as if the per-tensor op ran on it alone, also
     with ``range_given=True`` (TF's documented behaviour).
     """
-    x = _qdq_tensor(input, "input")
+    be = _backend(device, input=input)
+    x = be.qdq_tensor(input, "input")
     dtype = x.dtype.type
     try:
         nb = operator.index(num_bits)
@@ -410,7 +631,14 @@ def quantize_and_dequantize_v2(
         mins = _qdq_range_arg(input_min, "input_min", dtype, depth)
         maxs = _qdq_range_arg(input_max, "input_max", dtype, depth)
 
-    res = _output(out, x.shape, x.dtype)
+    res = be.output(out, x.shape, x.dtype)
+    if be.is_cuda and not range_given:
+        # the data's own range, reduced and turned into scales on the device (no host round trip)
+        if x.size:
+            d, i = (1, 1) if axis is None else (depth, inner)
+            scale, inv, lo, hi = be.kernels.qdq_params_from_minmax(be.flat(x), d, i, min_q, max_q, big)
+            be.kernels.qdq_axis(be.flat(x), be.flat(res), d, i, lo, hi, scale, inv, False, half_up, half)
+        return be.finish(res, out)
     if range_given:
         bad = mins > maxs
         if np.any(bad):
@@ -431,37 +659,38 @@ def quantize_and_dequantize_v2(
     scale, inv, lo, hi = cpu.qdq_params(np.ascontiguousarray(lo), np.ascontiguousarray(hi), min_q, max_q, big)
     if x.size:
         if axis is None:
-            cpu.qdq_tensor(x.reshape(-1), res.reshape(-1), lo[0], hi[0], scale[0], inv[0], bool(range_given), half_up, half)
+            be.kernels.qdq_tensor(be.flat(x), be.flat(res), lo[0], hi[0], scale[0], inv[0], bool(range_given), half_up, half)
         else:
-            cpu.qdq_axis(x.reshape(-1), res.reshape(-1), depth, inner, lo, hi, scale, inv, bool(range_given), half_up, half)
-    return _finish(res, out)
+            be.kernels.qdq_axis(be.flat(x), be.flat(res), depth, inner, lo, hi, scale, inv, bool(range_given), half_up, half)
+    return be.finish(res, out)
 
 
-def quantize_and_dequantize_v2_gradient(gradients, input, input_min, input_max, axis=None, *, out=None):
+def quantize_and_dequantize_v2_gradient(gradients, input, input_min, input_max, axis=None, *, out=None, device=None):
     """Gradient of ``quantize_and_dequantize_v2`` with respect to ``input``.
 
     ``gradients * (input_min <= input <= input_max)`` with the raw range
     arguments (per slice with ``axis``), whether or not the forward pass used
     ``range_given``. The gradients with respect to the range are zero.
     """
-    x = _qdq_tensor(input, "input")
-    g = _qdq_tensor(gradients, "gradients")
+    be = _backend(device, gradients=gradients, input=input)
+    x = be.qdq_tensor(input, "input")
+    g = be.qdq_tensor(gradients, "gradients")
     _same_shape(g, x, "gradients", "input")
     if g.dtype != x.dtype:
         raise ValueError(f"gradients and input must have the same dtype, got {g.dtype} and {x.dtype}")
     dtype = x.dtype.type
     one, zero = dtype(1), dtype(0)
-    res = _output(out, x.shape, x.dtype)
+    res = be.output(out, x.shape, x.dtype)
     if axis is None:
         lo = _qdq_range_arg(input_min, "input_min", dtype, None)
         hi = _qdq_range_arg(input_max, "input_max", dtype, None)
         if x.size:
-            cpu.qdq_tensor_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), lo[0], hi[0], one, zero)
+            be.kernels.qdq_tensor_grad(be.flat(g), be.flat(x), be.flat(res), lo[0], hi[0], one, zero)
     else:
         ax = _norm_axis(axis, x.ndim)
         depth, inner = _axis_layout(x.shape, ax)
         lo = _qdq_range_arg(input_min, "input_min", dtype, depth)
         hi = _qdq_range_arg(input_max, "input_max", dtype, depth)
         if x.size:
-            cpu.qdq_axis_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, inner, lo, hi, one, zero)
-    return _finish(res, out)
+            be.kernels.qdq_axis_grad(be.flat(g), be.flat(x), be.flat(res), depth, inner, lo, hi, one, zero)
+    return be.finish(res, out)

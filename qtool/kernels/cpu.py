@@ -50,8 +50,9 @@ qdq_masked = _S.qdq_masked
 
 F32_HALF = _scalar.F32_HALF
 
-# Elements per parallel chunk for per-axis kernels and reductions.
-CHUNK = 1 << 16
+# Elements per parallel chunk of the reductions (small enough that a second
+# pass over a chunk's inputs hits the cache).
+CHUNK = 1 << 14
 
 
 # --- parameters ---------------------------------------------------------------
@@ -103,6 +104,71 @@ def fq_tensor_levels(x, out, nmin, nmax, scale, quant_zero, zp):
         out[i] = np.int32(fq_level_div(x[i], nmin, nmax, scale, quant_zero) + zp)
 
 
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _grad_run_fast(gs, xs, os, lo, hi):
+    """Masked gradient into ``os`` and the sums of ``gs`` where ``xs < lo`` / ``xs > hi``.
+
+    The only kernel code with a fast-math flag: ``reassoc`` lets LLVM split the
+    two float64 sums into SIMD lanes (the spec leaves the order of a sum free).
+    The masked gradient is one multiply per element, which reassociation
+    cannot change (the tests compare its bits). Multiplying by 0/1 instead of
+    selecting turns an infinite or NaN gradient inside the range into NaN; the
+    caller then recomputes the sums with ``_outside_sums_exact``.
+    """
+    a = 0.0
+    b = 0.0
+    for i in range(xs.size):
+        v = xs[i]
+        g = gs[i]
+        os[i] = masked(g, v, lo, hi)
+        gd = np.float64(g)
+        a += gd * np.float64(v < lo)
+        b += gd * np.float64(v > hi)
+    return a, b
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _grad_row_fast(gs, xs, os, lo, hi, pmin, pmax):
+    """One row of a last-axis per-channel gradient (see ``_grad_run_fast``).
+
+    Returns False when a sum is no longer finite (the caller redoes the sums).
+    """
+    ok = True
+    for c in range(xs.size):
+        v = xs[c]
+        g = gs[c]
+        os[c] = masked(g, v, lo[c], hi[c])
+        gd = np.float64(g)
+        pmin[c] += gd * np.float64(v < lo[c])
+        pmax[c] += gd * np.float64(v > hi[c])
+    for c in range(xs.size):
+        ok = ok and np.isfinite(pmin[c]) and np.isfinite(pmax[c])
+    return ok
+
+
+@njit(cache=True, error_model="numpy")
+def _outside_sums_exact(gs, xs, lo, hi):
+    a = 0.0
+    b = 0.0
+    for i in range(xs.size):
+        v = xs[i]
+        if v < lo:
+            a += gs[i]
+        elif v > hi:
+            b += gs[i]
+    return a, b
+
+
+@njit(cache=True, error_model="numpy")
+def _grad_run(gs, xs, os, lo, hi):
+    """Masked gradient of one contiguous run into ``os``; returns the float64 sums of
+    ``gs`` where ``xs < lo`` and where ``xs > hi`` (TF selects, then sums)."""
+    a, b = _grad_run_fast(gs, xs, os, lo, hi)
+    if not (np.isfinite(a) and np.isfinite(b)):
+        a, b = _outside_sums_exact(gs, xs, lo, hi)
+    return a, b
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def fq_tensor_grad(g, x, out, lo, hi):
     """d_inputs into ``out``; returns (d_min, d_max) summed in float64."""
@@ -110,36 +176,31 @@ def fq_tensor_grad(g, x, out, lo, hi):
     nchunks = (n + CHUNK - 1) // CHUNK
     part = np.zeros((nchunks, 2), np.float64)
     for k in prange(nchunks):
-        start = k * CHUNK
-        stop = min(start + CHUNK, n)
-        smin = 0.0
-        smax = 0.0
-        for i in range(start, stop):
-            xi = x[i]
-            gi = g[i]
-            out[i] = masked(gi, xi, lo, hi)
-            smin += np.float64(gi) if xi < lo else 0.0
-            smax += np.float64(gi) if xi > hi else 0.0
-        part[k, 0] = smin
-        part[k, 1] = smax
+        part[k, 0], part[k, 1] = _grad_run(
+            g[k * CHUNK : (k + 1) * CHUNK], x[k * CHUNK : (k + 1) * CHUNK], out[k * CHUNK : (k + 1) * CHUNK], lo, hi
+        )
     return part[:, 0].sum(), part[:, 1].sum()
 
 
 # --- FakeQuant, per axis ([outer, depth, inner]) ----------------------------------
+# Loops index slices from 0 rather than the flat array from an offset: numba
+# then knows the indices are non-negative and LLVM vectorises the loop.
 @njit(parallel=True, cache=True, error_model="numpy")
 def fq_axis_mul(x, out, depth, inner, nmin, nmax, scale, inv_scale, quant_zero):
     if inner == 1:
         for r in prange(x.size // depth):
-            base = r * depth
+            xs = x[r * depth : (r + 1) * depth]
+            os = out[r * depth : (r + 1) * depth]
             for c in range(depth):
-                out[base + c] = fq_mul(x[base + c], nmin[c], nmax[c], scale[c], inv_scale[c], quant_zero[c])
+                os[c] = fq_mul(xs[c], nmin[c], nmax[c], scale[c], inv_scale[c], quant_zero[c])
     else:
         for b in prange(x.size // inner):
             c = b % depth
             p0, p1, p2, p3, p4 = nmin[c], nmax[c], scale[c], inv_scale[c], quant_zero[c]
-            base = b * inner
-            for j in range(base, base + inner):
-                out[j] = fq_mul(x[j], p0, p1, p2, p3, p4)
+            xs = x[b * inner : (b + 1) * inner]
+            os = out[b * inner : (b + 1) * inner]
+            for j in range(inner):
+                os[j] = fq_mul(xs[j], p0, p1, p2, p3, p4)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -147,9 +208,11 @@ def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
     """Integer codes (level + zero point) of the per-channel forward, as int32."""
     for b in prange(x.size // inner):
         c = b % depth
-        base = b * inner
-        for j in range(base, base + inner):
-            out[j] = np.int32(fq_level_mul(x[j], nmin[c], nmax[c], inv_scale[c], quant_zero[c]) + zp[c])
+        p0, p1, p2, p3, p4 = nmin[c], nmax[c], inv_scale[c], quant_zero[c], zp[c]
+        xs = x[b * inner : (b + 1) * inner]
+        os = out[b * inner : (b + 1) * inner]
+        for j in range(inner):
+            os[j] = np.int32(fq_level_mul(xs[j], p0, p1, p2, p3) + p4)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -168,30 +231,32 @@ def fq_axis_grad(g, x, out, depth, inner, lo, hi):
     for k in prange(nchunks):
         pmin = part_min[k]
         pmax = part_max[k]
-        for r in range(k * rows_per_chunk, min((k + 1) * rows_per_chunk, rows)):
+        exact = False
+        r0 = k * rows_per_chunk
+        r1 = min((k + 1) * rows_per_chunk, rows)
+        for r in range(r0, r1):
             if inner == 1:
-                base = r * depth
-                for c in range(depth):
-                    xi = x[base + c]
-                    gi = g[base + c]
-                    out[base + c] = masked(gi, xi, lo[c], hi[c])
-                    pmin[c] += np.float64(gi) if xi < lo[c] else 0.0
-                    pmax[c] += np.float64(gi) if xi > hi[c] else 0.0
+                s = slice(r * depth, (r + 1) * depth)
+                if not _grad_row_fast(g[s], x[s], out[s], lo, hi, pmin, pmax):
+                    exact = True
             else:
                 for c in range(depth):
                     base = (r * depth + c) * inner
-                    a = lo[c]
-                    b = hi[c]
-                    smin = 0.0
-                    smax = 0.0
-                    for j in range(base, base + inner):
-                        xi = x[j]
-                        gi = g[j]
-                        out[j] = masked(gi, xi, a, b)
-                        smin += np.float64(gi) if xi < a else 0.0
-                        smax += np.float64(gi) if xi > b else 0.0
+                    smin, smax = _grad_run(
+                        g[base : base + inner], x[base : base + inner], out[base : base + inner], lo[c], hi[c]
+                    )
                     pmin[c] += smin
                     pmax[c] += smax
+        if exact:  # an infinite or NaN gradient inside the range: redo this chunk's sums by selection
+            pmin[:] = 0.0
+            pmax[:] = 0.0
+            for r in range(r0, r1):
+                for c in range(depth):
+                    i = r * depth + c
+                    if x[i] < lo[c]:
+                        pmin[c] += g[i]
+                    elif x[i] > hi[c]:
+                        pmax[c] += g[i]
     dmin = np.zeros(depth, np.float64)
     dmax = np.zeros(depth, np.float64)
     for k in range(nchunks):
@@ -216,23 +281,26 @@ def qdq_tensor(x, out, lo, hi, scale, inv, clamp, half_up, half):
 def qdq_axis(x, out, depth, inner, lo, hi, scale, inv, clamp, half_up, half):
     if inner == 1:
         for r in prange(x.size // depth):
-            base = r * depth
-            for c in range(depth):
-                if clamp:
-                    out[base + c] = qdq_clamped(x[base + c], lo[c], hi[c], scale[c], inv[c], half_up, half)
-                else:
-                    out[base + c] = qdq_free(x[base + c], scale[c], inv[c], half_up, half)
+            xs = x[r * depth : (r + 1) * depth]
+            os = out[r * depth : (r + 1) * depth]
+            if clamp:
+                for c in range(depth):
+                    os[c] = qdq_clamped(xs[c], lo[c], hi[c], scale[c], inv[c], half_up, half)
+            else:
+                for c in range(depth):
+                    os[c] = qdq_free(xs[c], scale[c], inv[c], half_up, half)
     else:
         for b in prange(x.size // inner):
             c = b % depth
             a0, a1, a2, a3 = lo[c], hi[c], scale[c], inv[c]
-            base = b * inner
+            xs = x[b * inner : (b + 1) * inner]
+            os = out[b * inner : (b + 1) * inner]
             if clamp:
-                for j in range(base, base + inner):
-                    out[j] = qdq_clamped(x[j], a0, a1, a2, a3, half_up, half)
+                for j in range(inner):
+                    os[j] = qdq_clamped(xs[j], a0, a1, a2, a3, half_up, half)
             else:
-                for j in range(base, base + inner):
-                    out[j] = qdq_free(x[j], a2, a3, half_up, half)
+                for j in range(inner):
+                    os[j] = qdq_free(xs[j], a2, a3, half_up, half)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -245,26 +313,66 @@ def qdq_tensor_grad(g, x, out, lo, hi, one, zero):
 def qdq_axis_grad(g, x, out, depth, inner, lo, hi, one, zero):
     if inner == 1:
         for r in prange(x.size // depth):
-            base = r * depth
+            xs = x[r * depth : (r + 1) * depth]
+            gs = g[r * depth : (r + 1) * depth]
+            os = out[r * depth : (r + 1) * depth]
             for c in range(depth):
-                out[base + c] = qdq_masked(g[base + c], x[base + c], lo[c], hi[c], one, zero)
+                os[c] = qdq_masked(gs[c], xs[c], lo[c], hi[c], one, zero)
     else:
         for b in prange(x.size // inner):
             c = b % depth
             a0, a1 = lo[c], hi[c]
-            base = b * inner
-            for j in range(base, base + inner):
-                out[j] = qdq_masked(g[j], x[j], a0, a1, one, zero)
+            xs = x[b * inner : (b + 1) * inner]
+            gs = g[b * inner : (b + 1) * inner]
+            os = out[b * inner : (b + 1) * inner]
+            for j in range(inner):
+                os[j] = qdq_masked(gs[j], xs[j], a0, a1, one, zero)
 
 
 # --- reductions -------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
+def _last_zero(xs, fallback):
+    """The last element of ``xs`` equal to zero (keeping its sign), else ``fallback``."""
+    for i in range(xs.size - 1, -1, -1):
+        if xs[i] == 0:
+            return xs[i]
+    return fallback
+
+
+@njit(cache=True, error_model="numpy")
 def _minmax_run(x, start, stop, lo, hi):
-    for i in range(start, stop):
-        v = x[i]
-        lo = v if v <= lo else lo  # NaN compares false: ignored; ties keep the last
-        hi = v if v >= hi else hi
-    return lo, hi
+    """Fold ``x[start:stop]`` into the running ``(lo, hi)``, ignoring NaN.
+
+    Four lanes of compare-and-select (NaN compares false, so it is skipped).
+    Equal values differ only in the sign of zero; where an end is zero it is
+    taken from the last zero in memory order, as a sequential scan would.
+    """
+    xs = x[start:stop]
+    n = xs.size
+    m = n - n % 4
+    lo0 = lo1 = lo2 = lo3 = lo
+    hi0 = hi1 = hi2 = hi3 = hi
+    for i in range(0, m, 4):
+        v0, v1, v2, v3 = xs[i], xs[i + 1], xs[i + 2], xs[i + 3]
+        lo0 = v0 if v0 < lo0 else lo0
+        lo1 = v1 if v1 < lo1 else lo1
+        lo2 = v2 if v2 < lo2 else lo2
+        lo3 = v3 if v3 < lo3 else lo3
+        hi0 = v0 if v0 > hi0 else hi0
+        hi1 = v1 if v1 > hi1 else hi1
+        hi2 = v2 if v2 > hi2 else hi2
+        hi3 = v3 if v3 > hi3 else hi3
+    for i in range(m, n):
+        v = xs[i]
+        lo0 = v if v < lo0 else lo0
+        hi0 = v if v > hi0 else hi0
+    new_lo = min(min(lo0, lo1), min(lo2, lo3))
+    new_hi = max(max(hi0, hi1), max(hi2, hi3))
+    if new_lo == 0:
+        new_lo = _last_zero(xs, lo)
+    if new_hi == 0:
+        new_hi = _last_zero(xs, hi)
+    return new_lo, new_hi
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -293,11 +401,13 @@ def minmax_axis(x, depth, inner):
     for k in prange(nchunks):
         for r in range(k * rows_per_chunk, min((k + 1) * rows_per_chunk, rows)):
             if inner == 1:
-                base = r * depth
+                xs = x[r * depth : (r + 1) * depth]
+                lo_k = pmin[k]
+                hi_k = pmax[k]
                 for c in range(depth):
-                    v = x[base + c]
-                    pmin[k, c] = v if v <= pmin[k, c] else pmin[k, c]
-                    pmax[k, c] = v if v >= pmax[k, c] else pmax[k, c]
+                    v = xs[c]
+                    lo_k[c] = v if v <= lo_k[c] else lo_k[c]
+                    hi_k[c] = v if v >= hi_k[c] else hi_k[c]
             else:
                 for c in range(depth):
                     base = (r * depth + c) * inner
