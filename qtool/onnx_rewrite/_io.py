@@ -168,6 +168,7 @@ def save_model(model: ir.Model, output: str | os.PathLike, *, external_data: boo
     exceed :data:`EXTERNAL_DATA_THRESHOLD`.
     """
     output = check_output_path(output)
+    _drop_initializer_value_info(model)
     folder = os.path.dirname(output)
     name = os.path.basename(output)
     use_external = external_data or tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
@@ -194,6 +195,18 @@ def save_model(model: ir.Model, output: str | os.PathLike, *, external_data: boo
         raise
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _drop_initializer_value_info(model: ir.Model) -> None:
+    """onnx_ir writes a value_info for every typed initializer; the tensor already says it all.
+
+    Dropping them keeps files as small as their inputs and makes a rewrite of a
+    rewritten model byte-identical.
+    """
+    for value in model.graph.initializers.values():
+        if value.const_value is not None and not value.is_graph_input() and not value.is_graph_output():
+            value.type = None
+            value.shape = None
 
 
 def _fsync(path: str) -> None:

@@ -1,0 +1,123 @@
+"""Small ONNX models built with onnx.helper, the way exporters write them.
+
+``Builder`` collects nodes and weights; weights go in as initializers or as
+``Constant`` nodes (``constants=True``, as the sample model and many
+exporters do), nodes may be left unnamed, and inputs have a dynamic batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(0)
+
+
+class Builder:
+    def __init__(self, opset: int = 13, constants: bool = False, named: bool = True, ir_version: int = 8):
+        self.opset = opset
+        self.constants = constants
+        self.named = named
+        self.ir_version = ir_version
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._k = 0
+
+    def name(self, base: str) -> str:
+        self._k += 1
+        return f"{base}{self._k}"
+
+    def input(self, name: str, shape, dtype=TensorProto.FLOAT) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))
+        return name
+
+    def output(self, name: str, dtype=TensorProto.FLOAT, shape=None) -> None:
+        self.outputs.append(helper.make_tensor_value_info(name, dtype, shape))
+
+    def const(self, array: np.ndarray, name: str | None = None) -> str:
+        name = name or self.name("w")
+        if self.constants:
+            self.nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name)))
+        else:
+            self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def node(self, op: str, inputs, name: str | None = None, outputs=None, **attrs) -> str:
+        out_name = outputs or [self.name(f"{op.lower()}_out")]
+        node_name = (name or self.name(op)) if self.named else ""
+        self.nodes.append(helper.make_node(op, list(inputs), list(out_name), name=node_name, **attrs))
+        return out_name[0]
+
+    # --- layers -----------------------------------------------------------------------------
+    def conv(self, x, cin, cout, k=3, group=1, bias=True, name=None, pads=None, **attrs) -> str:
+        w = self.const((RNG.standard_normal((cout, cin // group, k, k)) * 0.3).astype(np.float32))
+        ins = [x, w]
+        if bias:
+            ins.append(self.const((RNG.standard_normal(cout) * 0.1).astype(np.float32)))
+        pads = pads if pads is not None else [k // 2] * 4
+        return self.node("Conv", ins, name=name, group=group, kernel_shape=[k, k], pads=pads, **attrs)
+
+    def conv_transpose(self, x, cin, cout, k=3, group=1, bias=True, name=None) -> str:
+        w = self.const((RNG.standard_normal((cin, cout // group, k, k)) * 0.3).astype(np.float32))
+        ins = [x, w]
+        if bias:
+            ins.append(self.const((RNG.standard_normal(cout) * 0.1).astype(np.float32)))
+        return self.node("ConvTranspose", ins, name=name, group=group, kernel_shape=[k, k], strides=[2, 2])
+
+    def gemm(self, x, k, n, trans_b=1, bias=True, name=None, **attrs) -> str:
+        shape = (n, k) if trans_b else (k, n)
+        w = self.const((RNG.standard_normal(shape) * 0.3).astype(np.float32))
+        ins = [x, w]
+        if bias:
+            ins.append(self.const((RNG.standard_normal(n) * 0.1).astype(np.float32)))
+        return self.node("Gemm", ins, name=name, transB=trans_b, **attrs)
+
+    def matmul(self, x, k, n, bias=False, name=None) -> str:
+        w = self.const((RNG.standard_normal((k, n)) * 0.3).astype(np.float32))
+        out = self.node("MatMul", [x, w], name=name)
+        if bias:
+            out = self.node("Add", [out, self.const((RNG.standard_normal(n) * 0.1).astype(np.float32))])
+        return out
+
+    def bn(self, x, c, name=None, eps=1e-5) -> str:
+        gamma = (RNG.uniform(0.5, 1.5, c)).astype(np.float32)
+        beta = (RNG.standard_normal(c) * 0.1).astype(np.float32)
+        mean = (RNG.standard_normal(c) * 0.1).astype(np.float32)
+        var = (RNG.uniform(0.5, 2.0, c)).astype(np.float32)
+        ins = [x] + [self.const(a) for a in (gamma, beta, mean, var)]
+        return self.node("BatchNormalization", ins, name=name, epsilon=eps)
+
+    def proto(self, outputs=None) -> onnx.ModelProto:
+        outs = self.outputs or [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        graph = helper.make_graph(self.nodes, "g", self.inputs, outs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = self.ir_version
+        return model
+
+    def ir(self, outputs=None) -> ir.Model:
+        return ir.serde.deserialize_model(self.proto(outputs))
+
+
+def run(model, feeds: dict, optimize: bool = True) -> list[np.ndarray]:
+    if isinstance(model, ir.Model):
+        model = ir.serde.serialize_model(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def x_data(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
