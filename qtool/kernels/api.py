@@ -416,7 +416,7 @@ def _per_channel_params(x, min, max, num_bits, narrow_range):
     if x.ndim < 1:
         raise ValueError(f"inputs must have rank >= 1 for per-channel quantization, got shape {x.shape}")
     nb = _num_bits_fq(num_bits)
-    depth = x.shape[-1]
+    depth = x.shape[x.ndim - 1]  # (the simulator's device shapes refuse negative indices)
     mins = _channel_f32(min, "min", depth)
     maxs = _channel_f32(max, "max", depth)
     zero = _check_range_values(mins, maxs, allow_zero=True)
