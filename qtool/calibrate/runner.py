@@ -8,8 +8,6 @@ batch's activations plus the session, whatever the number of samples.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,9 +18,6 @@ import onnx_ir as ir
 from qtool.calibrate.data import CalibrationData
 from qtool.calibrate.observers import Observer, make_observer
 from qtool.errors import QtoolError
-
-# Above this many tensor bytes the session is built from a file with external data.
-_SESSION_FROM_FILE_BYTES = 1_500_000_000
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -57,10 +52,23 @@ def _value_map(graph: ir.Graph) -> dict[str, ir.Value]:
     return values
 
 
+_NUMPY_TYPES = {
+    ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
+    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
+    ir.DataType.UINT64, ir.DataType.BOOL,
+}
+
+
 def _session(model: ir.Model, output_values: list[ir.Value]):
+    """An onnxruntime session computing ``output_values`` as extra outputs.
+
+    The weights are not serialized: the proto carries placeholders and
+    onnxruntime gets the tensors as OrtValues over the arrays qtool already
+    holds (memory-mapped for external data), so no copy and no 2 GB limit.
+    """
     import onnxruntime as ort
 
-    from qtool.onnx_rewrite._io import tensor_bytes
+    from qtool.onnx_rewrite._io import light_proto
 
     graph = model.graph
     added = [v for v in output_values if not v.is_graph_output()]
@@ -70,24 +78,31 @@ def _session(model: ir.Model, output_values: list[ir.Value]):
             v.type = ir.TensorType(ir.DataType.FLOAT)
             typed.append(v)
     graph.outputs.extend(added)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
-        if tensor_bytes(model) > _SESSION_FROM_FILE_BYTES:
-            with tempfile.TemporaryDirectory(prefix="qtool-calib-") as tmp:
-                path = os.path.join(tmp, "model.onnx")
-                ir.save(model, path, external_data="model.onnx.data")
-                return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        data = ir.serde.serialize_model(model).SerializeToString()
-        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise QtoolError(f"onnxruntime cannot run the model for calibration: {str(exc).strip().splitlines()[0]}") from exc
+        proto, saved = light_proto(model, movable=lambda t: t.dtype in _NUMPY_TYPES)
     finally:
         for _ in added:
             graph.outputs.pop()
         for v in typed:
             v.type = None
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    names = list(saved)
+    arrays = [_array(saved[name]) for name in names]
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    if names:
+        options.add_external_initializers(names, values)
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise QtoolError(f"onnxruntime cannot run the model for calibration: {str(exc).strip().splitlines()[0]}") from exc
+    return session, (arrays, values)  # the arrays must outlive the session
+
+
+def _array(tensor) -> np.ndarray:
+    array = np.asarray(tensor.numpy())
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
 
 
 def collect_ranges(
@@ -116,7 +131,7 @@ def collect_ranges(
     total = data.num_samples
     batches = 0
     if from_outputs or from_inputs:
-        session = _session(model, [values[t] for t in from_outputs]) if from_outputs else None
+        session, keepalive = _session(model, [values[t] for t in from_outputs]) if from_outputs else (None, None)
         done = 0
         if progress is not None:
             progress(0, total)
@@ -137,7 +152,7 @@ def collect_ranges(
             done += len(next(iter(feed.values())))
             if progress is not None:
                 progress(done, total)
-        del session
+        del session, keepalive
     ranges = {name: obs.range() for name, obs in observers.items()}
     return CalibrationResult(
         ranges, observers, method, total, batches, time.perf_counter() - start, list(data.ignored)

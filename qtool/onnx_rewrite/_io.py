@@ -222,13 +222,16 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def light_proto(model: ir.Model, *, limit: int = 1024) -> tuple[onnx.ModelProto, dict[str, ir.TensorProtocol]]:
+def light_proto(
+    model: ir.Model, *, limit: int = 1024, movable=None
+) -> tuple[onnx.ModelProto, dict[str, ir.TensorProtocol]]:
     """A ModelProto of ``model`` whose big initializers are placeholders (external data refs).
 
     For the onnx C++ APIs (version converter, shape inference), which
     serialize the whole model and fail beyond 2 GB; it also saves copying
     weights they never read. Returns the proto and the name -> tensor map to
-    restore them with :func:`restore_tensors`.
+    restore them with :func:`restore_tensors`. ``movable(tensor)`` can keep
+    some tensors inline.
     """
     saved: dict[str, ir.TensorProtocol] = {}
     values = list(model.graph.initializers.values())
@@ -236,6 +239,8 @@ def light_proto(model: ir.Model, *, limit: int = 1024) -> tuple[onnx.ModelProto,
         for value in values:
             tensor = value.const_value
             if tensor is None or (tensor.nbytes <= limit and not isinstance(tensor, ir.ExternalTensor)):
+                continue
+            if movable is not None and not movable(tensor):
                 continue
             saved[value.name] = tensor
             value.const_value = ir.ExternalTensor(

@@ -97,6 +97,14 @@ class Builder:
         graph = helper.make_graph(self.nodes, "g", self.inputs, outs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         model.ir_version = self.ir_version
+        # outputs declared without a shape: let shape inference fill them in, as exporters do
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+            for out, inf in zip(model.graph.output, inferred.graph.output):
+                if not out.type.tensor_type.HasField("shape") and inf.type.tensor_type.HasField("shape"):
+                    out.type.CopyFrom(inf.type)
+        except Exception:  # noqa: BLE001 - some test models are deliberately odd
+            pass
         return model
 
     def ir(self, outputs=None) -> ir.Model:

@@ -1,0 +1,244 @@
+"""Files on disk and models as real exporters write them."""
+
+import os
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from model_builders import Builder, run, x_data
+
+from qtool.errors import QtoolError
+from qtool.onnx_rewrite import _io
+from qtool.onnx_rewrite.constants import constant_array, constant_source, not_constant_reason
+from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.onnx_rewrite.opset import convert_opset
+
+
+def small_model(constants=False, opset=13):
+    b = Builder(constants=constants, opset=opset)
+    x = b.input("x", ["N", 3, 8, 8])
+    r = b.node("Relu", [b.bn(b.conv(x, 3, 8), 8)])
+    y = b.gemm(b.node("Flatten", [r]), 8 * 64, 10)
+    return b.proto([y]), {"x": x_data(6, 3, 8, 8)}
+
+
+# --- loading -------------------------------------------------------------------------------------
+def test_load_errors(tmp_path):
+    with pytest.raises(QtoolError, match="does not exist"):
+        _io.load_model(tmp_path / "missing.onnx")
+    with pytest.raises(QtoolError, match="is a folder"):
+        _io.load_model(tmp_path)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(QtoolError, match="is empty"):
+        _io.load_model(empty)
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a model\n" * 20)
+    with pytest.raises(QtoolError, match="not an ONNX model"):
+        _io.load_model(text)
+
+
+def test_truncated_files_are_rejected(tmp_path):
+    proto, _ = small_model()
+    data = proto.SerializeToString()
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 7):
+        path = tmp_path / f"cut{cut}.onnx"
+        path.write_bytes(data[:cut])
+        with pytest.raises(QtoolError, match="not an ONNX model|truncated|invalid"):
+            _io.load_model(path)
+
+
+def test_missing_external_data_is_an_error(tmp_path):
+    proto, _ = small_model()
+    path = tmp_path / "ext.onnx"
+    onnx.save(proto, path, save_as_external_data=True, location="ext.onnx.data", size_threshold=16)
+    os.remove(tmp_path / "ext.onnx.data")
+    with pytest.raises(QtoolError, match="external data file 'ext.onnx.data'.*does not exist"):
+        _io.load_model(path)
+
+
+# --- saving --------------------------------------------------------------------------------------
+def test_save_is_atomic_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    proto, _ = small_model()
+    model = ir.serde.deserialize_model(proto)
+    target = tmp_path / "out.onnx"
+    target.write_bytes(b"previous")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(RuntimeError):
+        _io.save_model(model, target)
+    monkeypatch.undo()
+    assert target.read_bytes() == b"previous"
+    assert sorted(os.listdir(tmp_path)) == ["out.onnx"]
+    _io.save_model(model, target)
+    assert sorted(os.listdir(tmp_path)) == ["out.onnx"]
+    onnx.checker.check_model(onnx.load(target))
+
+
+def test_output_folder_must_exist(tmp_path):
+    proto, _ = small_model()
+    with pytest.raises(QtoolError, match="output folder .* does not exist"):
+        _io.save_model(ir.serde.deserialize_model(proto), tmp_path / "nope" / "out.onnx")
+
+
+def test_ir_version_is_clamped_for_onnxruntime():
+    proto, _ = small_model()
+    proto.ir_version = 14
+    model = ir.serde.deserialize_model(proto)
+    _io.clamp_ir_version(model)
+    assert model.ir_version == 13
+
+
+def test_external_data_round_trip(tmp_path):
+    proto, feeds = small_model()
+    float_out = run(proto, feeds)[0]
+    src = tmp_path / "big.onnx"
+    onnx.save(proto, src, save_as_external_data=True, location="big.weights", size_threshold=64)
+    out = tmp_path / "big.qdq.onnx"
+    result = rewrite_eval(str(src), str(out), calibration_data=feeds)
+    assert result.summary["external_data"] == "big.qdq.onnx.data"
+    assert sorted(os.listdir(tmp_path)) == ["big.onnx", "big.qdq.onnx", "big.qdq.onnx.data", "big.weights"]
+    loaded = onnx.load(out, load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in loaded.graph.initializer)
+    got = run(onnx.load(out), feeds)[0]
+    assert np.max(np.abs(got - float_out)) < 0.1 * np.max(np.abs(float_out))
+
+
+def test_large_models_are_written_with_external_data(tmp_path, monkeypatch):
+    """Models over the protobuf limit go to external data (threshold lowered for the test)."""
+    monkeypatch.setattr(_io, "EXTERNAL_DATA_THRESHOLD", 1000)
+    proto, feeds = small_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    out = tmp_path / "m.qdq.onnx"
+    rewrite_eval(str(src), str(out), calibration_data=feeds)
+    assert (tmp_path / "m.qdq.onnx.data").exists()
+    run(onnx.load(out), feeds)
+
+
+def test_in_place_replaces_the_input_only_at_the_end(tmp_path):
+    proto, feeds = small_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    before = src.read_bytes()
+    rewrite_eval(str(src), in_place=True, calibration_data=feeds)
+    assert src.read_bytes() != before
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+    assert any(n.op_type == "QuantizeLinear" for n in onnx.load(src).graph.node)
+
+
+def test_input_is_untouched_and_output_cannot_be_the_input(tmp_path):
+    proto, feeds = small_model()
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    before = src.read_bytes()
+    rewrite_eval(str(src), str(tmp_path / "o.onnx"), calibration_data=feeds)
+    assert src.read_bytes() == before
+    with pytest.raises(QtoolError, match="is the input model; use --in-place"):
+        rewrite_eval(str(src), str(src))
+
+
+# --- constants ---------------------------------------------------------------------------------
+def test_constants_through_identity_reshape_transpose_cast():
+    b = Builder(constants=True)
+    w = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    c = b.const(w)
+    i = b.node("Identity", [c])
+    r = b.node("Reshape", [i, b.const(np.array([6, 4], np.int64))])
+    t = b.node("Transpose", [r], perm=[1, 0])
+    cast = b.node("Cast", [t], to=onnx.TensorProto.FLOAT)
+    x = b.input("x", ["N", 4])
+    y = b.node("MatMul", [x, cast])
+    model = b.ir([y])
+    weight = next(n for n in model.graph if n.op_type == "MatMul").inputs[1]
+    source = constant_source(weight)
+    assert [n.op_type for n in source.nodes] == ["Constant", "Identity", "Reshape", "Transpose", "Cast"]
+    np.testing.assert_array_equal(constant_array(weight), w.reshape(6, 4).T.astype(np.float32))
+    x_value = model.graph.inputs[0]
+    assert "graph input" in not_constant_reason(x_value)
+
+
+def test_constant_node_scalar_attributes():
+    b = Builder()
+    x = b.input("x", [None])
+    for attr, value, want in (
+        ("value_float", 1.5, np.float32(1.5)),
+        ("value_floats", [1.0, 2.0], np.array([1, 2], np.float32)),
+        ("value_int", 3, np.int64(3)),
+        ("value_ints", [4, 5], np.array([4, 5], np.int64)),
+    ):
+        b.nodes.append(onnx.helper.make_node("Constant", [], [attr], **{attr: value}))
+    y = b.node("Add", [x, "value_float"])
+    model = b.ir([y, "value_floats", "value_int", "value_ints"])
+    values = {n.outputs[0].name: n.outputs[0] for n in model.graph}
+    np.testing.assert_array_equal(constant_array(values["value_float"]), np.float32(1.5))
+    np.testing.assert_array_equal(constant_array(values["value_ints"]), [4, 5])
+
+
+# --- models as exporters write them ------------------------------------------------------------
+def exporter_like_model():
+    """Opset 11, Constant-node weights, unnamed nodes, dynamic batch and spatial dims,
+    a weight shared by two convs, a MatMul weight behind Transpose, Squeeze with an axes attribute."""
+    b = Builder(opset=11, constants=True, named=False, ir_version=6)
+    x = b.input("x", ["batch", 3, "h", "w"])
+    shared = b.const(x_data(4, 3, 3, 3) * 0.3)
+    c1 = b.node("Conv", [x, shared], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    c2 = b.node("Conv", [x, shared], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    r1 = b.node("Relu", [b.bn(c1, 4)])
+    s = b.node("Add", [r1, c2])
+    pooled = b.node("GlobalAveragePool", [s])
+    sq = b.node("Squeeze", [pooled], axes=[2, 3])
+    wt = b.node("Transpose", [b.const(x_data(5, 4) * 0.3)], perm=[1, 0])
+    y = b.node("MatMul", [sq, wt])
+    return b.proto([y])
+
+
+def test_exporter_like_model(tmp_path):
+    proto = exporter_like_model()
+    src = tmp_path / "exp.onnx"
+    onnx.save(proto, src)
+    feeds = {"x": x_data(5, 3, 7, 9)}
+    out = tmp_path / "exp.qdq.onnx"
+    result = rewrite_eval(str(src), str(out), calibration_data=feeds, batch_size=2)
+    s = result.summary
+    assert s["opset"] == {"input": 11, "output": 13}
+    assert s["counts"]["batch_norms_folded"] == 1  # into c1, with its own copy of the shared weight
+    assert s["counts"]["weights_quantized"] == 3 and s["counts"]["layers_quantized"] == 3
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version <= 13 and all(n.name for n in model.graph.node)
+    squeeze = next(n for n in model.graph.node if n.op_type == "Squeeze")
+    assert len(squeeze.input) == 2  # converted to opset 13: axes as an input
+    # runs with other dynamic sizes than calibration used
+    other = {"x": x_data(2, 3, 5, 6)}
+    want = run(proto, other)[0]
+    got = run(model, other)[0]
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) < 0.1 * np.max(np.abs(want)) + 0.05
+
+
+def test_opset_conversion_keeps_weights_without_copying_them():
+    proto = exporter_like_model()
+    b = Builder(opset=11)
+    x = b.input("x", ["N", 3, 8, 8])
+    y = b.conv(x, 3, 16)
+    model = b.ir([y])
+    tensors = {v.name: v.const_value for v in model.graph.initializers.values() if v.const_value.nbytes > 1024}
+    assert tensors
+    converted = convert_opset(model, 13, "a test needs")
+    assert converted.opset_imports[""] == 13
+    for name, tensor in tensors.items():
+        assert converted.graph.initializers[name].const_value is tensor
+    del proto
+
+
+def test_opset_conversion_failure_is_a_clear_error():
+    b = Builder(opset=11)
+    x = b.input("x", ["N", 3, 8, 8])
+    y = b.node("NoSuchOp", [b.conv(x, 3, 4)])
+    with pytest.raises(QtoolError, match="cannot convert the model from opset 11 to 13"):
+        rewrite_eval(b.proto([y]))
