@@ -1,0 +1,305 @@
+"""Fold BatchNormalization for training (spec/rewrites.md section 3, TF's Jacob et al. scheme).
+
+For ``y = BN(layer(x, w) + b)`` with scale ``gamma``, shift ``beta``, moving
+statistics ``mu_mv``, ``var_mv`` (state) and ``sigma = sqrt(var + eps)``,
+the training graph computes, every step (all float32, in graph ops)::
+
+    raw          = layer(x, w)                      # the unfolded layer, no bias
+    mu_b, var_b  = mean, population variance of raw over all axes but channels
+    w_fold       = w * gamma / sigma_mv             # what the weight quantizer sees
+    out          = layer(x, fq(w_fold)) * correction_recip + correction_offset + bias
+    bias         = beta - mu_b * gamma / sigma_b
+    before freeze_bn_delay:  correction_recip = sigma_mv / sigma_b, correction_offset = 0
+    after:                   correction_recip = 1,
+                             correction_offset = gamma * (mu_b / sigma_b - m_mv / sigma_mv)
+    mu_mv'  = momentum * mu_mv  + (1 - momentum) * (mu_b + b)      (frozen after the delay)
+    var_mv' = momentum * var_mv + (1 - momentum) * var_b
+
+where ``m_mv = mu_mv - b``: the batch statistics are those of the layer
+without its bias (a bias before a batch norm shifts the mean only), so the
+moving mean, which includes ``b``, is compared with ``mu_b`` after removing
+it. This is TF's graph (``fold_batch_norms._FoldFusedBatchNorms`` and
+``_ComputeBatchNormCorrections``, whose layers carry no bias); with ``b = 0``
+it is the same formula. After the freeze the output is
+``layer(x, fq(w_fold)) + beta + (b - mu_mv) * gamma / sigma_mv``: the eval
+fold. The unfolded layer is computed twice, as in TF: once for the batch
+statistics with the float weight, once with the quantized folded weight.
+
+The rule matches what the eval fold matches (``patterns.BN_FOLD``) and uses
+its checks (:meth:`FoldBatchNorm.check`), so both graphs fold the same batch
+norms. Grouped ConvTranspose is left to the eval fold only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.onnx_rewrite._names import NameScope, context_of
+from qtool.onnx_rewrite._train_ops import Ops
+from qtool.onnx_rewrite.constants import constant_array, constant_source, remove_if_unused
+from qtool.onnx_rewrite.fold_batch_norms import FoldBatchNorm, match_input
+from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
+from qtool.onnx_rewrite.patterns import BN_FOLD, group_of
+
+
+def _int_attr(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.as_int()
+
+
+def _float_attr(node: ir.Node, name: str, default: float) -> float:
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.as_float()
+
+
+@dataclass
+class TrainFold:
+    """One folded batch norm: what the encoder and the contract need."""
+
+    batch_norm: str
+    layer: ir.Node
+    output: str  # the batch norm's output name, now carried by the fold's result
+    folded_weight: ir.Value  # w * gamma / sigma_mv, to be fake-quantized
+    prefix: str
+    state: dict[str, str] = field(default_factory=dict)  # role -> state initializer name
+    record: dict = field(default_factory=dict)  # for metadata: how to restore the float graph
+
+
+def train_fold_reason(match: Match, rule: FoldBatchNorm) -> str | None:
+    """None when the match folds for training (the eval checks, plus grouped ConvTranspose)."""
+    reason = rule.check(match)
+    if reason is not None:
+        return reason
+    layer = match.nodes["layer"]
+    if layer.op_type == "ConvTranspose" and group_of(layer) != 1:
+        return "grouped ConvTranspose: the training fold is not supported (the eval fold is)"
+    return None
+
+
+def find_train_folds(graph: ir.Graph, names: NameScope, exclude=frozenset()):
+    """``(matches that fold, {batch norm name: reason})`` without editing the graph."""
+    rule = FoldBatchNorm(graph, names)
+    folds: list[Match] = []
+    reasons: dict[str, str] = {}
+    for node in list(graph):
+        if node.domain != "" or node.op_type not in BN_FOLD.start.op_types:
+            continue
+        match = BN_FOLD.match(node, rule.view)
+        if not match:
+            continue
+        reason = train_fold_reason(match, rule)
+        bn = match.nodes["bn"]
+        if reason is None and bn.name in exclude:
+            reason = "excluded (--exclude)"
+        if reason is not None:
+            reasons[bn.name] = reason
+            continue
+        folds.append(match)
+    return folds, reasons
+
+
+def _channels(layer: ir.Node, w: np.ndarray) -> int:
+    op = layer.op_type
+    if op == "Conv":
+        return w.shape[0]
+    if op == "ConvTranspose":
+        return w.shape[1] * group_of(layer)
+    if op == "Gemm":
+        return w.shape[0] if _int_attr(layer, "transB", 0) else w.shape[1]
+    return w.shape[-1]
+
+
+def _weight_channel_shape(layer: ir.Node, w: np.ndarray) -> list[int]:
+    """Shape that broadcasts a per-output-channel vector against the weight."""
+    op = layer.op_type
+    shape = [1] * w.ndim
+    if op == "Conv":
+        shape[0] = -1
+    elif op == "ConvTranspose":
+        shape[1] = -1
+    elif op == "Gemm" and _int_attr(layer, "transB", 0):
+        shape[0] = -1
+    else:
+        shape[-1] = -1
+    return shape
+
+
+class TrainFolder:
+    def __init__(self, graph: ir.Graph, ops: Ops, step_ge_freeze: ir.Value | None):
+        self.graph = graph
+        self.ops = ops
+        self.view = GraphView(graph)
+        self.frozen = step_ge_freeze
+
+    def _bias_vector(self, value: ir.Value, channels: int, rank: int, base: str) -> ir.Value:
+        """A bias tensor (broadcastable against the output) as a [C] vector, in graph ops."""
+        ops = self.ops
+        target = ops.const(f"{base}/target_shape", np.asarray([1, channels] + [1] * (rank - 2), np.int64), np.int64)
+        expanded = ops.op("Expand", [value, target], f"{base}/expand")
+        return ops.reshape(expanded, [channels], f"{base}/vector")
+
+    def fold(self, match: Match, params: set[str]) -> TrainFold:
+        ops = self.ops
+        layer, bn, bias_add = match.nodes["layer"], match.nodes["bn"], match.get("bias_add")
+        op = layer.op_type
+        ctx = context_of(layer.name or op)
+        prefix = ops.names.prefix(f"{ctx}/BatchNorm_Fold")
+        x, w = layer.inputs[0], layer.inputs[1]
+        w_array = constant_array(w)
+        channels = _channels(layer, w_array)
+        rank = w_array.ndim if op in ("Conv", "ConvTranspose") else 2
+        axes = [0] + list(range(2, rank))
+        out_shape = [1, channels] + [1] * (rank - 2)
+        layer_inputs = [v.name if v is not None else "" for v in layer.inputs]
+        layer_output = layer.outputs[0]
+
+        # --- the unfolded layer for the batch statistics (float weight, no bias) ----------------
+        attrs = {a.name: a for a in layer.attributes.values()}
+        attrs.pop("beta", None)
+        raw_node = ir.node(op, [x, w], attrs, name=ops.names.node(f"{prefix}/batch_stats_{op}"))
+        raw = raw_node.outputs[0]
+        raw.name = ops.names.value(f"{prefix}/batch_stats_input")
+        raw.dtype = ir.DataType.FLOAT
+        self.graph.append(raw_node)
+        mean_k = ops.reduce("ReduceMean", raw, axes, True, f"{prefix}/batch_mean_keepdims")
+        diff = ops.op("Sub", [raw, mean_k], f"{prefix}/batch_centered")
+        sq = ops.op("Mul", [diff, diff], f"{prefix}/batch_squared")
+        var_k = ops.reduce("ReduceMean", sq, axes, True, f"{prefix}/batch_variance_keepdims")
+        mu_b = ops.reshape(mean_k, [channels], f"{prefix}/batch_mean")
+        var_b = ops.reshape(var_k, [channels], f"{prefix}/batch_variance")
+
+        # --- parameters and state ----------------------------------------------------------------
+        gamma, beta, mean_c, var_c = bn.inputs[1:5]
+        for v in (gamma, beta):
+            params.add(v.name)
+        eps = np.float32(_float_attr(bn, "epsilon", 1e-5))
+        momentum = _float_attr(bn, "momentum", 0.9)
+        mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(mean_c).reshape(channels))
+        var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(var_c).reshape(channels))
+        gamma_v = ops.reshape(gamma, [channels], f"{prefix}/gamma")
+        beta_v = ops.reshape(beta, [channels], f"{prefix}/beta")
+
+        # the layer's own bias and a bias Add's constant, as one [C] vector
+        biases = []
+        if op in ("Conv", "ConvTranspose", "Gemm") and len(layer.inputs) > 2 and layer.inputs[2] is not None:
+            b = layer.inputs[2]
+            params.add(constant_source(b).root.name)
+            if op == "Gemm":  # C broadcasts against the [batch, N] output
+                vec = self._bias_vector(b, channels, 2, f"{prefix}/layer_bias")
+            else:  # a Conv bias is one value per output channel
+                vec = ops.reshape(b, [channels], f"{prefix}/layer_bias")
+            if op == "Gemm" and _float_attr(layer, "beta", 1.0) != 1.0:
+                beta_attr = ops.const(f"{prefix}/gemm_beta", np.float32(_float_attr(layer, "beta", 1.0)))
+                vec = ops.op("Mul", [vec, beta_attr], f"{prefix}/layer_bias_scaled")
+            biases.append(vec)
+        add_const = None
+        if bias_add is not None:
+            add_const = other_input(bias_add, match_input(match), self.view)
+            params.add(constant_source(add_const).root.name)
+            biases.append(self._bias_vector(add_const, channels, rank, f"{prefix}/add_bias"))
+        b_vec = biases[0] if biases else None
+        if len(biases) == 2:
+            b_vec = ops.op("Add", biases, f"{prefix}/bias_sum")
+
+        # --- the fold ---------------------------------------------------------------------------
+        eps_c = ops.const(f"{prefix}/epsilon", eps)
+        sigma_mv = ops.op("Sqrt", [ops.op("Add", [var_mv, eps_c], f"{prefix}/moving_variance_eps")], f"{prefix}/sigma_moving")
+        sigma_b = ops.op("Sqrt", [ops.op("Add", [var_b, eps_c], f"{prefix}/batch_variance_eps")], f"{prefix}/sigma_batch")
+        multiplier = ops.op("Div", [gamma_v, sigma_mv], f"{prefix}/multiplier")
+        w_mult = ops.reshape(multiplier, _weight_channel_shape(layer, w_array), f"{prefix}/multiplier_weight")
+        w_fold = ops.op("Mul", [w, w_mult], f"{prefix}/mul_fold", shape=w_array.shape)
+
+        recip = ops.op("Div", [sigma_mv, sigma_b], f"{prefix}/correction_recip_compute")
+        gamma_over_sb = ops.op("Div", [gamma_v, sigma_b], f"{prefix}/gamma_over_sigma_batch")
+        bias = ops.op("Sub", [beta_v, ops.op("Mul", [mu_b, gamma_over_sb], f"{prefix}/mean_times_scale")], f"{prefix}/bias")
+        m_mv = mean_mv if b_vec is None else ops.op("Sub", [mean_mv, b_vec], f"{prefix}/moving_mean_without_bias")
+        if self.frozen is not None:
+            offset = ops.op(
+                "Mul",
+                [gamma_v, ops.op("Sub", [ops.op("Div", [mu_b, sigma_b], f"{prefix}/batch_ratio"),
+                                         ops.op("Div", [m_mv, sigma_mv], f"{prefix}/moving_ratio")], f"{prefix}/ratio_diff")],
+                f"{prefix}/offset_compute",
+            )
+            one = ops.const(f"{prefix}/one", np.ones(channels, np.float32))
+            zero = ops.const(f"{prefix}/zero", np.zeros(channels, np.float32))
+            recip = ops.op("Where", [self.frozen, one, recip], f"{prefix}/correction_recip")
+            offset = ops.op("Where", [self.frozen, offset, zero], f"{prefix}/correction_offset")
+            bias = ops.op("Add", [offset, bias], f"{prefix}/offset_plus_bias")
+
+        # the layer now computes layer(x, w_fold) without bias; the weight quantizer goes on w_fold
+        layer.replace_input_with(1, w_fold)
+        if len(layer.inputs) > 2:
+            layer.resize_inputs(2)
+        if op == "Gemm" and "beta" in layer.attributes:
+            layer.attributes.pop("beta")
+        scaled = ops.op("Mul", [layer_output, ops.reshape(recip, out_shape, f"{prefix}/correction_recip_shaped")],
+                        f"{prefix}/post_conv_mul")
+        result = ops.op("Add", [scaled, ops.reshape(bias, out_shape, f"{prefix}/bias_shaped")], f"{prefix}/add_fold")
+
+        # --- moving statistics -----------------------------------------------------------------------
+        mom = ops.const(f"{prefix}/momentum", np.float32(momentum))
+        one_minus = ops.const(f"{prefix}/one_minus_momentum", np.float32(1.0 - momentum))
+        mu_full = mu_b if b_vec is None else ops.op("Add", [mu_b, b_vec], f"{prefix}/batch_mean_with_bias")
+        new_mean = ops.op("Add", [ops.op("Mul", [mom, mean_mv], f"{prefix}/moving_mean_decayed"),
+                                  ops.op("Mul", [one_minus, mu_full], f"{prefix}/batch_mean_weighted")],
+                          f"{prefix}/moving_mean_update")
+        new_var = ops.op("Add", [ops.op("Mul", [mom, var_mv], f"{prefix}/moving_variance_decayed"),
+                                 ops.op("Mul", [one_minus, var_b], f"{prefix}/batch_variance_weighted")],
+                         f"{prefix}/moving_variance_update")
+        if self.frozen is not None:
+            new_mean = ops.op("Where", [self.frozen, mean_mv, new_mean], f"{prefix}/freeze_moving_mean")
+            new_var = ops.op("Where", [self.frozen, var_mv, new_var], f"{prefix}/freeze_moving_variance")
+
+        # --- replace the batch norm ---------------------------------------------------------------
+        bn_out = bn.outputs[0]
+        bn_name = bn_out.name
+        shape, dtype = bn_out.shape, bn_out.dtype
+        record = {
+            "name": bn.name,
+            "layer": layer.name,
+            "op": op,
+            "prefix": prefix,
+            "output": bn_name,
+            "layer_inputs": layer_inputs,
+            "layer_output": layer_output.name,
+            "gemm_beta": _float_attr(layer, "beta", 1.0) if op == "Gemm" else None,
+            "scale": gamma.name,
+            "bias": beta.name,
+            "moving_mean": mean_mv.name,
+            "moving_variance": var_mv.name,
+            "epsilon": float(eps),
+            "momentum": float(momentum),
+            "bias_add": None,
+        }
+        if bias_add is not None:
+            record["bias_add"] = {
+                "name": bias_add.name,
+                "inputs": [v.name if v is not None else "" for v in bias_add.inputs],
+                "output": bias_add.outputs[0].name,
+            }
+        old_nodes: list[ir.Node] = []
+        old_values: list[ir.Value] = []
+        for value in (mean_c, var_c):
+            src = constant_source(value)
+            if src is not None:
+                old_nodes.extend(src.nodes)
+                old_values.append(src.root)
+        bn_out.replace_all_uses_with(result, replace_graph_outputs=True)
+        self.graph.remove(bn, safe=True)
+        if bias_add is not None:
+            self.graph.remove(bias_add, safe=True)
+        bn_out.name = None
+        result.name = bn_name
+        result.shape = shape
+        result.dtype = dtype or ir.DataType.FLOAT
+        remove_if_unused(self.graph, old_nodes, old_values)
+        fold = TrainFold(bn.name, layer, bn_name, w_fold, prefix, record=record)
+        fold.state = {
+            "moving_mean": mean_mv.name,
+            "moving_variance": var_mv.name,
+        }
+        fold.updates = {mean_mv.name: new_mean, var_mv.name: new_var}
+        return fold

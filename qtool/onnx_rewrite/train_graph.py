@@ -1,0 +1,442 @@
+"""The training graph's encoding (spec/rewrites.md sections 4 and 5), and its removal.
+
+A :class:`~qtool.onnx_rewrite.placement.QuantPlan` (computed on the eval fold
+of the model, so both rewrites place quantizers by the same rules) becomes:
+
+- **weights**: ``qtool::FakeQuant(w, min, max, num_bits, narrow_range=1)``
+  with ``min``/``max`` recomputed every step from the current weight
+  (``ReduceMin``/``ReduceMax`` over all axes but the output channel, shape
+  ``[C, 1, 1, 1]`` for a Conv; scalars per tensor), widened to contain 0, or
+  made symmetric with TF's ratio. For a folded batch norm ``w`` is the
+  folded weight ``w * gamma / sigma_mv``.
+- **activations**: state initializers ``<quantizer>/min`` and ``/max``
+  (initial values from calibration, else (-6, 6), or (0, 6) after
+  Relu/Clip), updated with the batch's range (widened to 0, or symmetric)::
+
+      min' = min - (min - batch_min) * float32(1 - 0.999)      # TF's assign_moving_average
+
+  and ``FakeQuant(x, min', max')`` uses the updated values (TF consumes the
+  assign outputs), also during the quant delay.
+- **quant delay**: ``Where(qtool_step >= quant_delay, FakeQuant(x), x)``
+  when ``quant_delay > 0``.
+- **state**: every state initializer is also a graph input (so a training
+  loop can feed it back) and has a graph output ``<state>:updated``.
+  ``metadata_props["qtool.training"]`` records the contract as JSON; see
+  :func:`training_contract` and ``docs/training.md``.
+
+:func:`strip_training_graph` undoes the encoding from the metadata: the
+float graph (batch norms restored with the trained moving statistics) and
+the trained activation ranges, for ``rewrite_eval``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.errors import QtoolError
+from qtool.onnx_rewrite import fake_quant_function as fqf
+from qtool.onnx_rewrite._names import NameScope
+from qtool.onnx_rewrite._train_ops import FLOAT, Ops
+from qtool.onnx_rewrite.placement import QuantConfig
+from qtool.onnx_rewrite.ranges import _ratio
+
+METADATA_KEY = "qtool.training"
+CONTRACT_VERSION = 1
+STEP_INPUT = "qtool_step"
+UPDATED_SUFFIX = ":updated"
+EMA_DECAY = 0.999
+SHARED_PREFIX = "qtool"  # shared nodes: qtool/activate_quant, qtool/use_moving_average
+
+
+# --- the plan, as the training encoder receives it ---------------------------------------------
+@dataclass
+class TrainWeightPoint:
+    name: str  # quantizer name, e.g. conv1/weights_quant
+    layers: list[ir.Node]
+    axis: int | None
+
+
+@dataclass
+class TrainActivationPoint:
+    name: str  # quantizer name, e.g. conv1/act_quant
+    value: ir.Value
+    kind: str
+    rule: str
+    initial: tuple[float, float]
+    range_source: str  # calibration | default
+
+
+@dataclass
+class TrainEncoding:
+    weights: list[dict] = field(default_factory=list)
+    activations: list[dict] = field(default_factory=list)
+    state: dict[str, str] = field(default_factory=dict)  # state -> updated output
+    left_in_float: list[dict] = field(default_factory=list)
+
+
+def _scalar_bool_output(ops: Ops, step: ir.Value, delay: int, base: str) -> ir.Value:
+    c = ops.const(f"{base}/delay", np.asarray(delay, np.int64), np.int64)
+    return ops.op("GreaterOrEqual", [step, c], base, dtype=ir.DataType.BOOL, shape=[])
+
+
+class TrainEncoder:
+    def __init__(self, graph: ir.Graph, ops: Ops, config: QuantConfig, step: ir.Value, quant_delay: int):
+        self.graph = graph
+        self.ops = ops
+        self.config = config
+        self.step = step
+        self.active = _scalar_bool_output(ops, step, quant_delay, f"{SHARED_PREFIX}/activate_quant") \
+            if quant_delay > 0 else None
+        self.result = TrainEncoding()
+        self.updates: dict[str, ir.Value] = {}  # state name -> value of its update
+
+    # --- pieces ------------------------------------------------------------------------------
+    def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str):
+        ops = self.ops
+        if self.config.symmetric:
+            r = ops.const(f"{base}/min_max_ratio", _ratio(bits, narrow))
+            new_lo = ops.op("Min", [lo, ops.op("Div", [hi, r], f"{base}/max_over_ratio")], f"{base}/range_min")
+            new_hi = ops.op("Max", [hi, ops.op("Mul", [lo, r], f"{base}/min_times_ratio")], f"{base}/range_max")
+            return new_lo, new_hi
+        zero = ops.const(f"{base}/zero", np.float32(0))
+        return (ops.op("Min", [lo, zero], f"{base}/range_min"), ops.op("Max", [hi, zero], f"{base}/range_max"))
+
+    def _fake_quant(self, x: ir.Value, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
+        ops = self.ops
+        out = ops.op(fqf.NAME, [x, lo, hi], f"{base}/FakeQuant",
+                     {"num_bits": int(bits), "narrow_range": int(narrow)}, domain=fqf.DOMAIN, shape=x.shape)
+        if self.active is not None:
+            out = ops.op("Where", [self.active, out, x], f"{base}/delayed_quant", shape=x.shape)
+        return out
+
+    # --- weights ---------------------------------------------------------------------------------
+    def encode_weight(self, point: TrainWeightPoint, weight: ir.Value, rank: int) -> None:
+        cfg = self.config
+        ops = self.ops
+        base = ops.names.prefix(point.name)
+        if point.axis is None:
+            axes = None
+            keep = False
+        else:
+            axes = [a for a in range(rank) if a != point.axis]
+            keep = True
+        lo = ops.reduce("ReduceMin", weight, axes, keep, f"{base}/BatchMin")
+        hi = ops.reduce("ReduceMax", weight, axes, keep, f"{base}/BatchMax")
+        lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base)
+        q = self._fake_quant(weight, lo, hi, cfg.weight_bits, True, base)
+        for layer in point.layers:
+            for i, v in enumerate(layer.inputs):
+                if v is weight and i == 1:
+                    layer.replace_input_with(1, q)
+        self.result.weights.append({
+            "quantizer": base,
+            "layers": [n.name for n in point.layers],
+            "op": point.layers[0].op_type,
+            "input": weight.name,
+            "output": q.name,
+            "axis": point.axis,
+            "bits": cfg.weight_bits,
+        })
+
+    # --- activations -------------------------------------------------------------------------------
+    def encode_activation(self, point: TrainActivationPoint) -> None:
+        cfg = self.config
+        ops = self.ops
+        value = point.value
+        base = ops.names.prefix(point.name)
+        tensor = value.name
+        lo0, hi0 = (np.float32(v) for v in point.initial)
+        lo0, hi0 = _widen_numpy(lo0, hi0, cfg.activation_bits, cfg.symmetric)
+        min_state = ops.state(f"{base}/min", lo0)
+        max_state = ops.state(f"{base}/max", hi0)
+        uses = list(value.uses())
+        outputs = [i for i, out in enumerate(self.graph.outputs) if out is value]
+        batch_lo = ops.reduce("ReduceMin", value, None, False, f"{base}/BatchMin")
+        batch_hi = ops.reduce("ReduceMax", value, None, False, f"{base}/BatchMax")
+        range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base)
+        decay = ops.const(f"{base}/decay", np.float32(1.0 - EMA_DECAY))
+        new_min = ops.op("Sub", [min_state, ops.op("Mul", [ops.op("Sub", [min_state, range_lo], f"{base}/AssignMinEma/delta"), decay],
+                                                   f"{base}/AssignMinEma/update_delta")], f"{base}/AssignMinEma")
+        new_max = ops.op("Sub", [max_state, ops.op("Mul", [ops.op("Sub", [max_state, range_hi], f"{base}/AssignMaxEma/delta"), decay],
+                                                   f"{base}/AssignMaxEma/update_delta")], f"{base}/AssignMaxEma")
+        q = self._fake_quant(value, new_min, new_max, cfg.activation_bits, False, base)
+        for node, index in uses:
+            node.replace_input_with(index, q)
+        if outputs:
+            value.name = ops.names.value(f"{tensor}/float")
+            q.name = tensor
+            for i in outputs:
+                self.graph.outputs[i] = q
+        q.dtype = ir.DataType.FLOAT
+        self.updates[min_state.name] = new_min
+        self.updates[max_state.name] = new_max
+        self.result.activations.append({
+            "quantizer": base,
+            "tensor": tensor,
+            "kind": point.kind,
+            "rule": point.rule,
+            "input": value.name,
+            "output": q.name,
+            "min": min_state.name,
+            "max": max_state.name,
+            "initial_range": [float(lo0), float(hi0)],
+            "range_source": point.range_source,
+            "bits": cfg.activation_bits,
+        })
+
+    # --- state outputs -----------------------------------------------------------------------------
+    def add_state_outputs(self, updates: dict[str, ir.Value]) -> dict[str, str]:
+        """An Identity ``<state>:updated`` graph output for each state update."""
+        contract = {}
+        initializers = self.graph.initializers
+        for state, update in updates.items():
+            shape = initializers[state].const_value.shape
+            out = self.ops.op("Identity", [update], f"{state}/update", shape=list(shape))
+            out.name = f"{state}{UPDATED_SUFFIX}"
+            self.ops.names.reserve_value(out.name)
+            self.graph.outputs.append(out)
+            contract[state] = out.name
+        return contract
+
+
+def _widen_numpy(lo, hi, bits: int, symmetric: bool):
+    from qtool.onnx_rewrite.ranges import widen
+
+    lo, hi = widen(lo, hi, bits=bits, narrow=False, symmetric=symmetric)
+    return np.float32(lo), np.float32(hi)
+
+
+# --- the contract ------------------------------------------------------------------------------------
+def is_training_graph(model: ir.Model) -> bool:
+    """True for a model with qtool's training metadata or any ``qtool`` node."""
+    return METADATA_KEY in model.metadata_props or any(n.domain == fqf.DOMAIN for n in model.graph.all_nodes())
+
+
+def training_contract(model) -> dict:
+    """The parsed ``qtool.training`` metadata of a model (path, ModelProto or onnx_ir.Model)."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        props = {p.key: p.value for p in model.metadata_props}
+    elif isinstance(model, ir.Model):
+        props = dict(model.metadata_props)
+    else:
+        from qtool.onnx_rewrite._io import load_model
+
+        props = dict(load_model(model).model.metadata_props)
+    if METADATA_KEY not in props:
+        raise QtoolError("the model is not a qtool training graph (no 'qtool.training' metadata)")
+    try:
+        contract = json.loads(props[METADATA_KEY])
+    except ValueError as exc:
+        raise QtoolError(f"the model's 'qtool.training' metadata is not valid JSON ({exc})") from exc
+    if not isinstance(contract, dict) or contract.get("version") != CONTRACT_VERSION:
+        raise QtoolError("the model's 'qtool.training' metadata is not a version-1 qtool training contract")
+    return contract
+
+
+def foreign_training_state(model: ir.Model) -> str | None:
+    """Why ``model`` holds training-only state that qtool did not write (None if it does not)."""
+    graph = model.graph
+    for node in graph.all_nodes():
+        if node.domain in ("ai.onnx.preview.training", "ai.onnx.training"):
+            return f"node '{node.name}' is a training op ({node.domain}::{node.op_type})"
+        if "fakequant" in node.op_type.lower() and node.domain != fqf.DOMAIN:
+            return f"node '{node.name}' is a fake-quant op of another tool ({node.domain or 'ai.onnx'}::{node.op_type})"
+        if node.domain == "" and node.op_type == "BatchNormalization":
+            attr = node.attributes.get("training_mode")
+            if attr is not None and attr.as_int() == 1:
+                return f"BatchNormalization '{node.name}' is in training mode (training_mode=1)"
+            if any(out.uses() or out.is_graph_output() for out in node.outputs[1:]):
+                return f"BatchNormalization '{node.name}' outputs its running statistics (a training graph)"
+    for out in graph.outputs:
+        if out.name and out.name.endswith(UPDATED_SUFFIX):
+            return f"graph output '{out.name}' is a state update of another tool"
+    for name in graph.initializers:
+        if name.endswith(("/act_quant/min", "/act_quant/max", "/weights_quant/min", "/weights_quant/max")):
+            return f"initializer '{name}' is quantization state of another tool (TensorFlow-style range variable)"
+    return None
+
+
+def metadata_json(contract: dict) -> str:
+    return json.dumps(contract, sort_keys=True, separators=(",", ":"))
+
+
+# --- removal: the float graph and the trained ranges -------------------------------------------
+@dataclass
+class TrainedState:
+    """What ``rewrite_eval`` takes from a training graph."""
+
+    ranges: dict[str, tuple[float, float]]  # float tensor name -> trained (min, max)
+    batch_norm_outputs: dict[str, str]  # batch norm name -> its output tensor name
+    contract: dict
+
+    def ranges_after_fold(self, graph: ir.Graph, folds) -> dict[str, tuple[float, float]]:
+        """The ranges keyed by tensor names after the eval fold (a folded batch norm's output
+        is carried by its layer's output, or a MatMul's bias Add)."""
+        ranges = dict(self.ranges)
+        by_name = {n.name: n for n in graph}
+        for record in folds.folded:
+            out = self.batch_norm_outputs.get(record.batch_norm)
+            if out is None or out not in self.ranges:
+                continue
+            end = fold_end(graph, record, by_name)
+            if end is not None and end.name:
+                ranges.setdefault(end.name, self.ranges[out])
+        return ranges
+
+
+def fold_end(graph: ir.Graph, record, by_name=None) -> ir.Value | None:
+    """The tensor that carries a folded batch norm's output after the eval fold."""
+    by_name = by_name if by_name is not None else {n.name: n for n in graph}
+    layer = by_name.get(record.layer)
+    if layer is None:
+        return None
+    if record.op_type != "MatMul":
+        return layer.outputs[0]
+    if record.bias_add and record.bias_add in by_name:
+        return by_name[record.bias_add].outputs[0]
+    adds = [u for u in layer.outputs[0].consumers() if u.op_type == "Add" and u.domain == ""]
+    return adds[0].outputs[0] if len(adds) == 1 else None
+
+
+def _values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
+    values = {v.name: v for v in graph.inputs if v.name}
+    values.update({name: v for name, v in graph.initializers.items()})
+    for node in graph:
+        for out in node.outputs:
+            if out.name:
+                values[out.name] = out
+    return values
+
+
+def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedState:
+    """Turn a qtool training graph back into its float graph, in place; returns the trained ranges.
+
+    Batch norms come back as inference BatchNormalization nodes reading the
+    trained moving statistics; weights and biases keep their trained values;
+    every quantizer, state update, the step input, the function and the
+    metadata go away.
+    """
+    graph = model.graph
+    if METADATA_KEY not in model.metadata_props:
+        raise QtoolError(f"'{label}' has qtool::FakeQuant nodes but no 'qtool.training' metadata: "
+                         "not a graph qtool wrote, or its metadata was removed")
+    try:
+        contract = training_contract(model)
+        return _strip(model, contract)
+    except QtoolError as exc:
+        raise QtoolError(f"'{label}': {exc}") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise QtoolError(f"'{label}' is a qtool training graph whose contract does not match its graph ({exc!r})") from exc
+
+
+def _strip(model: ir.Model, contract: dict) -> TrainedState:
+    graph = model.graph
+    values = _values_by_name(graph)
+    prefixes = {SHARED_PREFIX}
+
+    def value(name: str) -> ir.Value:
+        if name not in values:
+            raise QtoolError(f"the training contract names tensor '{name}', which is not in the graph")
+        return values[name]
+
+    ranges: dict[str, tuple[float, float]] = {}
+    for q in contract["activation_quantizers"]:
+        prefixes.add(q["quantizer"])
+        lo = graph.initializers[q["min"]].const_value.numpy()
+        hi = graph.initializers[q["max"]].const_value.numpy()
+        ranges[q["tensor"]] = (float(lo), float(hi))
+    # quantizers: readers read the float tensor again; graph outputs get their names back
+    for q in list(contract["activation_quantizers"]) + list(contract["weight_quantizers"]):
+        prefixes.add(q["quantizer"])
+        out, inp = value(q["output"]), value(q["input"])
+        was_output = out.is_graph_output()
+        out.replace_all_uses_with(inp, replace_graph_outputs=True)
+        if was_output and q.get("tensor") and inp.name != q["tensor"]:
+            out.name = None
+            inp.name = q["tensor"]
+    # batch norms: the layer with its own inputs, [the bias Add], BatchNormalization(moving stats)
+    bn_outputs = {}
+    values = _values_by_name(graph)
+    for b in contract["batch_norms"]:
+        prefixes.add(b["prefix"])
+        layer = next((n for n in graph if n.name == b["layer"]), None)
+        if layer is None:
+            raise QtoolError(f"layer '{b['layer']}' of the folded batch norm '{b['name']}' is not in the graph")
+        inputs = [values[n] if n else None for n in b["layer_inputs"]]
+        layer.resize_inputs(len(inputs))
+        for i, v in enumerate(inputs):
+            layer.replace_input_with(i, v)
+        if b.get("gemm_beta") is not None and b["gemm_beta"] != 1.0:
+            layer.attributes["beta"] = ir.AttrFloat32("beta", b["gemm_beta"])
+        x = layer.outputs[0]
+        new_nodes = []
+        if b.get("bias_add"):
+            add_info = b["bias_add"]
+            add_inputs = [x if n == b["layer_output"] else values[n] for n in add_info["inputs"]]
+            add = ir.node("Add", add_inputs, name=add_info["name"])
+            new_nodes.append(add)
+            x = add.outputs[0]
+        bn = ir.node(
+            "BatchNormalization",
+            [x, value(b["scale"]), value(b["bias"]), value(b["moving_mean"]), value(b["moving_variance"])],
+            {"epsilon": ir.AttrFloat32("epsilon", b["epsilon"]), "momentum": ir.AttrFloat32("momentum", b["momentum"])},
+            name=b["name"],
+        )
+        new_nodes.append(bn)
+        graph.extend(new_nodes)
+        end = value(b["output"])
+        shape, dtype = end.shape, end.dtype
+        end.replace_all_uses_with(bn.outputs[0], replace_graph_outputs=True)
+        end.name = None
+        if b.get("bias_add"):
+            x.name = b["bias_add"]["output"]
+        bn.outputs[0].name = b["output"]
+        bn.outputs[0].shape, bn.outputs[0].dtype = shape, dtype
+        bn_outputs[b["name"]] = b["output"]
+    # the contract's inputs and outputs
+    state = contract["state"]
+    updated = set(state.values())
+    graph.outputs[:] = [o for o in graph.outputs if o.name not in updated]
+    owned_inputs = set(state) | set(contract.get("parameters", [])) | {contract["step_input"]}
+    graph.inputs[:] = [v for v in graph.inputs if v.name not in owned_inputs]
+    for name in state:
+        if name in graph.initializers:
+            graph.initializers[name].type = None
+            graph.initializers[name].shape = None
+    _remove_dead(graph, prefixes | set(state))
+    for key in [k for k in model.functions if k[0] == fqf.DOMAIN]:
+        del model.functions[key]
+    model.opset_imports.pop(fqf.DOMAIN, None)
+    model.graph.opset_imports.pop(fqf.DOMAIN, None)
+    del model.metadata_props[METADATA_KEY]
+    leftover = [n.name for n in graph if n.domain == fqf.DOMAIN]
+    if leftover:
+        raise QtoolError(f"qtool::FakeQuant node '{leftover[0]}' is not described by the training contract")
+    return TrainedState(ranges, bn_outputs, contract)
+
+
+def _owned(name: str | None, prefixes: set[str]) -> bool:
+    return bool(name) and any(name == p or name.startswith(p + "/") for p in prefixes)
+
+
+def _remove_dead(graph: ir.Graph, prefixes: set[str]) -> None:
+    """Remove nodes and initializers the training rewrite created once nothing reads them."""
+    removed = True
+    while removed:
+        removed = False
+        for node in reversed(list(graph)):
+            if not (_owned(node.name, prefixes) or node.domain == fqf.DOMAIN):
+                continue
+            if all(not o.uses() and not o.is_graph_output() for o in node.outputs):
+                graph.remove(node, safe=True)
+                removed = True
+    for name in list(graph.initializers):
+        v = graph.initializers[name]
+        if _owned(name, prefixes) and not v.uses() and not v.is_graph_output():
+            graph.initializers.pop(name)
