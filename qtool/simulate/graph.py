@@ -1,0 +1,427 @@
+"""Reading a QDQ model against its float model: quantizers, float counterparts, edits.
+
+Everything here is read from the quantized graph itself, so it works for a
+model ``rewrite_eval`` made in memory and for a file given with
+``--quantized``:
+
+- **activation quantizers**: ``QuantizeLinear -> [Clip | Cast, Clip, Cast] ->
+  DequantizeLinear`` on a float tensor. The quantized activation is read as
+  the integer codes that reach the ``DequantizeLinear`` (the codes the model
+  really computes, fused or not) and dequantized in the metrics kernel
+  exactly as ``DequantizeLinear`` does.
+- **weight quantizers**: a ``DequantizeLinear`` of a constant read by a layer
+  (``Conv``, ``ConvTranspose``, ``Gemm``, ``MatMul``) as its weight (input 1)
+  or bias (input 2).
+- **float counterparts**: the tensor of the *float* model that a quantizer
+  quantizes. ``rewrite_eval`` names unnamed nodes ``<Op>_<k>`` in graph order
+  and keeps the names of the nodes it does not remove, but folding a batch
+  norm gives the layer's output the batch norm's value (the layer output
+  name now holds what the batch norm's output held). So the counterpart is
+  found by node: the producer of the quantized tensor, found by name (and op
+  type) in the float model (named the same way), then followed forward
+  through the ``BatchNormalization`` / bias ``Add`` nodes the quantized model
+  no longer has. Graph inputs and outputs match by name; a tensor whose
+  producer is not found falls back to the value of the same name.
+- **single-layer models** (for ``--sensitivity``): a copy of the quantized
+  model with every quantizer removed except one layer's (its weight and
+  bias, the activation quantizers it reads, and the quantizers after it that
+  no layer reads directly, such as a final output's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.onnx_rewrite.constants import constant_array
+
+LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_CODE_DTYPES = {
+    ir.DataType.INT8: (-128, 127),
+    ir.DataType.UINT8: (0, 255),
+    ir.DataType.INT16: (-32768, 32767),
+    ir.DataType.UINT16: (0, 65535),
+    ir.DataType.INT4: (-8, 7),
+    ir.DataType.UINT4: (0, 15),
+}
+# code types numpy (and so onnxruntime's Python outputs) holds as plain integers
+_NUMPY_CODES = (ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16)
+
+
+def _is(node: ir.Node | None, *ops: str) -> bool:
+    return node is not None and node.domain in ("", "ai.onnx") and node.op_type in ops
+
+
+def quantizer_name(dq: ir.Node) -> str:
+    name = dq.name or ""
+    for suffix in ("/DequantizeLinear",):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name or (dq.outputs[0].name or "?")
+
+
+@dataclass
+class ActivationQuantizer:
+    """One ``Q -> [Clip] -> DQ`` on a float tensor of the quantized model."""
+
+    name: str
+    q: ir.Node
+    dq: ir.Node
+    nodes: list[ir.Node]  # Q, clip/cast nodes, DQ (graph order)
+    float_value: ir.Value  # the quantized model's tensor before Q
+    codes: ir.Value  # what DQ reads
+    codes_dtype: ir.DataType | None
+    scale: float | None  # None: per-axis or not constant (read the DQ output instead)
+    zero_point: int
+    grid: tuple[int, int] | None  # codes the tensor can take (after Clip)
+    counterpart: str | None = None  # the float model's tensor, or None
+    how: str = ""  # how the counterpart was found, or why not
+
+    @property
+    def output(self) -> ir.Value:
+        return self.dq.outputs[0]
+
+    @property
+    def reads_codes(self) -> bool:
+        return self.scale is not None and self.codes_dtype in _NUMPY_CODES
+
+    @cached_property
+    def representable(self) -> tuple[float, float] | None:
+        if self.scale is None or self.grid is None:
+            return None
+        s = np.float32(self.scale)
+        lo = float(np.float32(self.grid[0] - self.zero_point) * s)
+        hi = float(np.float32(self.grid[1] - self.zero_point) * s)
+        return lo, hi
+
+
+@dataclass
+class WeightQuantizer:
+    name: str
+    dq: ir.Node
+    layer: ir.Node
+    index: int  # 1 weight, 2 bias
+
+    def dequantized(self) -> np.ndarray | None:
+        """The layer's weight as the model computes it (``DequantizeLinear`` in float32)."""
+        return dequantize_constant(self.dq)
+
+
+@dataclass
+class QuantizedGraph:
+    activations: list[ActivationQuantizer] = field(default_factory=list)
+    weights: list[WeightQuantizer] = field(default_factory=list)
+
+    def layers(self) -> list[ir.Node]:
+        seen: dict[int, ir.Node] = {}
+        for w in self.weights:
+            if w.index == 1:
+                seen.setdefault(id(w.layer), w.layer)
+        return list(seen.values())
+
+
+def dequantize_constant(dq: ir.Node) -> np.ndarray | None:
+    codes = constant_array(dq.inputs[0])
+    scale = constant_array(dq.inputs[1]) if len(dq.inputs) > 1 else None
+    if codes is None or scale is None:
+        return None
+    zp = constant_array(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] is not None else None
+    c = np.asarray(codes).astype(np.int64)
+    z = np.zeros((), np.int64) if zp is None else np.asarray(zp).astype(np.int64)
+    s = np.asarray(scale, dtype=np.float32)
+    if s.ndim == 1 and s.size > 1 or (s.ndim == 1 and c.ndim > 0 and "axis" in dq.attributes):
+        axis = dq.attributes["axis"].as_int() if "axis" in dq.attributes else 1
+        axis = axis % c.ndim
+        shape = [1] * c.ndim
+        shape[axis] = s.size
+        s = s.reshape(shape)
+        z = z.reshape(shape) if z.ndim else z
+    return ((c - z).astype(np.float32) * s).astype(np.float32)
+
+
+def _scalar_param(value: ir.Value | None, dtype=np.float32):
+    if value is None:
+        return None
+    arr = constant_array(value)
+    if arr is None or arr.size != 1:
+        return None
+    return np.asarray(arr).reshape(()).astype(dtype)
+
+
+def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
+    result = QuantizedGraph()
+    for node in graph:
+        if not _is(node, "DequantizeLinear") or not node.inputs or node.inputs[0] is None:
+            continue
+        x = node.inputs[0]
+        if constant_array(x) is not None:
+            for user, index in _uses(node.outputs[0]):
+                if _is(user, *LAYER_OPS) and index in (1, 2):
+                    result.weights.append(WeightQuantizer(quantizer_name(node), node, user, index))
+            continue
+        chain: list[ir.Node] = []
+        grid = None
+        v = x
+        q = None
+        for _ in range(4):
+            p = v.producer()
+            if p is None:
+                break
+            if _is(p, "QuantizeLinear"):
+                q = p
+                break
+            if _is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None:
+                if _is(p, "Clip") and len(p.inputs) >= 3:
+                    lo = _scalar_param(p.inputs[1], np.int64)
+                    hi = _scalar_param(p.inputs[2], np.int64)
+                    if lo is not None and hi is not None:
+                        grid = (int(lo), int(hi))
+                chain.insert(0, p)
+                v = p.inputs[0]
+                continue
+            break
+        if q is None or not q.inputs or q.inputs[0] is None:
+            continue
+        scale = _scalar_param(node.inputs[1] if len(node.inputs) > 1 else None)
+        zp_value = node.inputs[2] if len(node.inputs) > 2 else None
+        zp = _scalar_param(zp_value, np.int64) if zp_value is not None else np.int64(0)
+        dtype = x.dtype
+        if dtype is None and zp_value is not None and zp_value.const_value is not None:
+            dtype = zp_value.const_value.dtype
+        if grid is None and dtype in _CODE_DTYPES:
+            grid = _CODE_DTYPES[dtype]
+        result.activations.append(
+            ActivationQuantizer(
+                name=quantizer_name(node),
+                q=q,
+                dq=node,
+                nodes=[q, *chain, node],
+                float_value=q.inputs[0],
+                codes=x,
+                codes_dtype=dtype,
+                scale=None if scale is None or zp is None else float(scale),
+                zero_point=0 if zp is None else int(zp),
+                grid=grid,
+            )
+        )
+    return result
+
+
+def _uses(value: ir.Value) -> list[tuple[ir.Node, int]]:
+    return [(u[0], u[1]) for u in value.uses()]
+
+
+def _value_index(graph: ir.Graph) -> dict[str, ir.Value]:
+    values = {v.name: v for v in graph.inputs if v.name}
+    for node in graph:
+        for out in node.outputs:
+            if out.name:
+                values[out.name] = out
+    return values
+
+
+class FloatIndex:
+    """Nodes and values of the float model (named like ``rewrite_eval`` names them)."""
+
+    def __init__(self, graph: ir.Graph, quantized_node_names: set[str]):
+        self.graph = graph
+        self.nodes = {n.name: n for n in graph if n.name}
+        self.values = _value_index(graph)
+        self.inputs = {v.name for v in graph.inputs}
+        self.outputs = {v.name for v in graph.outputs}
+        self.q_nodes = quantized_node_names
+
+    def follow_folds(self, value: ir.Value) -> ir.Value:
+        """Past the batch norms (and their bias Adds) the quantized model no longer has."""
+        for _ in range(4):
+            uses = _uses(value)
+            if len(uses) != 1 or value.is_graph_output():
+                break
+            user = uses[0][0]
+            if _is(user, "BatchNormalization", "Add") and user.name not in self.q_nodes:
+                value = user.outputs[0]
+                continue
+            break
+        return value
+
+    def counterpart(self, act: ActivationQuantizer, q_graph: ir.Graph) -> tuple[str | None, str]:
+        v = act.float_value
+        out = act.output
+        if out.is_graph_output() and out.name in self.outputs:
+            return out.name, "graph output of the same name"
+        if v.is_graph_input():
+            return (v.name, "graph input") if v.name in self.inputs else (None, f"no float input named '{v.name}'")
+        p = v.producer()
+        if p is not None and p.name in self.nodes and self.nodes[p.name].op_type == p.op_type:
+            fp = self.nodes[p.name]
+            index = list(p.outputs).index(v)
+            if index < len(fp.outputs):
+                fv = self.follow_folds(fp.outputs[index])
+                return fv.name, f"output of node '{p.name}'"
+        if p is not None and _is(p, "Add") and p.name not in self.nodes and p.inputs and p.inputs[0] is not None:
+            # an Add inserted by batch-norm folding (MatMul bias): its layer is the first input's producer
+            lp = p.inputs[0].producer()
+            if lp is not None and lp.name in self.nodes and self.nodes[lp.name].op_type == lp.op_type:
+                fv = self.follow_folds(self.nodes[lp.name].outputs[0])
+                return fv.name, f"folded output of node '{lp.name}'"
+        if v.name in self.values:
+            return v.name, "tensor of the same name"
+        return None, f"no float tensor matches '{v.name}' (its producer is not in the float model)"
+
+
+def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedGraph) -> None:
+    index = FloatIndex(f_graph, {n.name for n in q_graph if n.name})
+    for act in quantized.activations:
+        act.counterpart, act.how = index.counterpart(act, q_graph)
+
+
+def float_weights(f_folded: ir.Graph, quantized: QuantizedGraph) -> dict[str, np.ndarray | None]:
+    """The folded float model's weight/bias for each weight quantizer (by layer name and input)."""
+    nodes = {n.name: n for n in f_folded if n.name}
+    out: dict[str, np.ndarray | None] = {}
+    for w in quantized.weights:
+        layer = nodes.get(w.layer.name)
+        arr = None
+        if layer is not None and layer.op_type == w.layer.op_type and w.index < len(layer.inputs):
+            arr = constant_array(layer.inputs[w.index])
+            if arr is not None:
+                arr = np.asarray(arr)
+                if arr.dtype != np.float32:
+                    arr = None
+        out[w.name] = arr
+    return out
+
+
+# --- edits on a copy -----------------------------------------------------------------------------
+
+
+def clone(model: ir.Model) -> ir.Model:
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+
+
+def bytes_with_outputs(
+    model: ir.Model, names: Iterable[str], dtypes: dict[str, ir.DataType] | None = None
+) -> tuple[bytes, list[str]]:
+    """The serialized model with the named tensors as extra graph outputs; the model is left as it was.
+
+    Returns the bytes and the names added (tensors that are graph inputs or
+    already outputs, and unknown names, are not added).
+    """
+    graph = model.graph
+    values = _value_index(graph)
+    have = {v.name for v in graph.outputs}
+    added: list[ir.Value] = []
+    typed: list[ir.Value] = []
+    for name in names:
+        if name in have or name not in values:
+            continue
+        v = values[name]
+        if v.is_graph_input():
+            continue
+        if v.type is None:
+            v.type = ir.TensorType(v.dtype or (dtypes or {}).get(name) or ir.DataType.FLOAT)
+            typed.append(v)
+        added.append(v)
+        have.add(name)
+    count = len(graph.outputs)
+    graph.outputs.extend(added)
+    try:
+        data = ir.serde.serialize_model(model).SerializeToString()
+    finally:
+        while len(graph.outputs) > count:
+            graph.outputs.pop()
+        for v in typed:
+            v.type = None
+    return data, [v.name for v in added]
+
+
+def _bypass(graph: ir.Graph, act: ActivationQuantizer) -> None:
+    """Remove an activation quantizer: its readers read the float tensor again."""
+    out = act.dq.outputs[0]
+    src = act.float_value
+    for i, o in enumerate(graph.outputs):
+        if o is out:
+            if src.is_graph_output() or src.is_graph_input():
+                ident = ir.node("Identity", [src], name=f"{act.name}/bypass")
+                ident.outputs[0].name = out.name
+                out.name = None
+                ident.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+                graph.insert_after(act.dq, ident)
+                graph.outputs[i] = ident.outputs[0]
+            else:
+                name = out.name
+                out.name = None
+                src.name = name
+                graph.outputs[i] = src
+    out.replace_all_uses_with(src)
+    for node in reversed(act.nodes):
+        if node.graph is graph and all(not o.uses() and not o.is_graph_output() for o in node.outputs):
+            graph.remove(node, safe=True)
+
+
+def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
+    name = f"{w.name}/float"
+    value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
+    graph.register_initializer(value)
+    w.dq.outputs[0].replace_all_uses_with(value)
+    if not any(o.uses() or o.is_graph_output() for o in w.dq.outputs):
+        graph.remove(w.dq, safe=True)
+
+
+def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
+    """For each layer (by id), the activation quantizers that belong to it.
+
+    A quantizer belongs to the layers that read it directly (they run on its
+    codes); one that no layer reads directly (before a pool, an Add, a graph
+    output) belongs to the layer before it.
+    """
+    layers = {id(n) for n in quantized.layers()}
+    owned: dict[int, set[str]] = {k: set() for k in layers}
+    for act in quantized.activations:
+        readers = [u for u, i in _uses(act.output) if id(u) in layers and i == 0]
+        if readers:
+            for r in readers:
+                owned[id(r)].add(act.name)
+            continue
+        # walk back to the layer that produced it
+        v = act.float_value
+        for _ in range(64):
+            p = v.producer()
+            if p is None:
+                break
+            if id(p) in layers:
+                owned[id(p)].add(act.name)
+                break
+            if not p.inputs or p.inputs[0] is None:
+                break
+            v = p.inputs[0]
+    return owned
+
+
+def single_layer_model(
+    model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None]
+) -> tuple[ir.Model | None, str]:
+    """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible."""
+    copy = clone(model)
+    graph = copy.graph
+    quantized = find_quantizers(graph)
+    layers = {n.name: n for n in quantized.layers()}
+    layer = layers.get(layer_name)
+    if layer is None:
+        return None, f"layer '{layer_name}' not found"
+    owned = layer_owned_quantizers(quantized)[id(layer)]
+    for w in quantized.weights:
+        if w.layer is layer:
+            continue
+        array = float_arrays.get(w.name)
+        if array is None:
+            return None, f"no float value for '{w.name}' (its layer is not in the float model)"
+        _to_float(graph, w, array)
+    for act in quantized.activations:
+        if act.name not in owned:
+            _bypass(graph, act)
+    return copy, ""
