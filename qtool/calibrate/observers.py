@@ -5,8 +5,11 @@ observer and drops the batch; an observer keeps a fixed-size state, so memory
 does not grow with the number of samples. ``range()`` gives the (min, max)
 to quantize with, before TF's widening to 0 (the encoder does that).
 
-New methods (histograms for percentile/entropy/MSE, EMA) register a factory
-with :func:`register_observer`; ``--calibration-method`` picks one by name.
+Methods (``--calibration-method``): ``minmax``, ``ema`` (TF's moving
+average), and on a streaming histogram ``percentile``, ``entropy`` (TensorRT's
+KL search) and ``mse`` (the range with the least FakeQuant error); the math
+is in ``qtool.kernels.histogram``. More methods register a factory with
+:func:`register_observer`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+
+from qtool.errors import QtoolError
 
 
 class Observer:
@@ -59,11 +64,155 @@ class MinMaxObserver(Observer):
         return self.min, self.max
 
 
-_OBSERVERS: dict[str, Callable[[], Observer]] = {"minmax": MinMaxObserver}
+class EmaObserver(Observer):
+    """TF's moving-average min/max (``MovingAvgQuantize``), one step per batch.
+
+    Each batch's min/max is widened to contain 0 (as TF does before the
+    update), then ``v = decay * v + (1 - decay) * batch``. TF's training
+    variables start at (-6, 6); for calibration the average is zero-debiased
+    instead (TF's ``assign_moving_average(zero_debias=True)``): it starts at 0
+    and is divided by ``1 - decay**steps``, so the first batch gives its own
+    range and later batches a decay-weighted mean of the batch ranges.
+    Depends on the batch size (one step per batch), like TF.
+    """
+
+    name = "ema"
+
+    def __init__(self, ema_decay: float = 0.999) -> None:
+        decay = float(ema_decay)
+        if not (0.0 <= decay < 1.0):
+            raise QtoolError(f"--ema-decay must be in [0, 1), got {ema_decay}")
+        self.decay = decay
+        self.min = 0.0
+        self.max = 0.0
+        self.steps = 0
+        self.count = 0
+
+    def update(self, batch: np.ndarray) -> None:
+        from qtool.kernels import minmax
+
+        if batch.size == 0:
+            return
+        lo, hi = minmax(batch)
+        lo, hi = float(lo), float(hi)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            lo, hi = _finite_minmax(batch)
+            if lo is None:
+                return
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        self.min = self.decay * self.min + (1.0 - self.decay) * lo
+        self.max = self.decay * self.max + (1.0 - self.decay) * hi
+        self.steps += 1
+        self.count += batch.size
+
+    def range(self) -> tuple[float, float] | None:
+        if self.steps == 0:
+            return None
+        debias = 1.0 - self.decay**self.steps
+        return self.min / debias, self.max / debias
 
 
-def register_observer(name: str, factory: Callable[[], Observer]) -> None:
-    """Make a calibration method available by name."""
+def _finite_minmax(batch: np.ndarray):
+    finite = batch[np.isfinite(batch)]
+    if finite.size == 0:
+        return None, None
+    return float(finite.min()), float(finite.max())
+
+
+class HistogramObserver(Observer):
+    """A streaming histogram of the tensor (``qtool.kernels.histogram``), reduced to a range at the end.
+
+    Memory: ``2 * num_bins`` int64 counts per tensor, whatever the number of
+    samples. NaN and +-inf are left out (and counted in ``histogram.nonfinite``).
+    """
+
+    name = "histogram"
+
+    def __init__(self, num_bins: int = 2048, num_bits: int = 8, symmetric: bool = False) -> None:
+        from qtool.kernels.histogram import Histogram
+
+        if int(num_bins) < 16:
+            raise QtoolError(f"--num-bins must be at least 16, got {num_bins}")
+        self.histogram = Histogram(int(num_bins))
+        self.num_bits = int(num_bits)
+        self.symmetric = bool(symmetric)
+
+    def update(self, batch: np.ndarray) -> None:
+        self.histogram.update(batch)
+
+    def range(self) -> tuple[float, float] | None:
+        if self.histogram.total == 0:
+            return None
+        lo, hi = self._range()
+        return float(lo), float(hi)
+
+    def _range(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class PercentileObserver(HistogramObserver):
+    """The range keeping ``percentile`` % of the values ((100 - P) / 2 % cut on each side)."""
+
+    name = "percentile"
+
+    def __init__(self, percentile: float = 99.999, num_bins: int = 2048, num_bits: int = 8,
+                 symmetric: bool = False) -> None:
+        p = float(percentile)
+        if not (0.0 < p <= 100.0):
+            raise QtoolError(f"--percentile must be in (0, 100], got {percentile}")
+        super().__init__(num_bins, num_bits, symmetric)
+        self.percentile = p
+
+    def _range(self):
+        return self.histogram.percentile_range(self.percentile)
+
+
+class EntropyObserver(HistogramObserver):
+    """TensorRT's KL-divergence threshold (``2**num_bits`` quantized bins over the window)."""
+
+    name = "entropy"
+
+    def __init__(self, num_bins: int = 2048, num_bits: int = 8, symmetric: bool = False) -> None:
+        need = 4 << int(num_bits)
+        if int(num_bins) < need:
+            raise QtoolError(
+                f"entropy calibration of {num_bits}-bit activations needs --num-bins >= {need} "
+                f"(4 x 2**bits), got {num_bins}: with about as many histogram bins as quantized bins "
+                "the KL search can only return min/max"
+            )
+        super().__init__(num_bins, num_bits, symmetric)
+
+    def _range(self):
+        return self.histogram.entropy_range(num_bits=self.num_bits, symmetric=self.symmetric)
+
+
+class MseObserver(HistogramObserver):
+    """The range minimising the mean squared error of TF's FakeQuant over the histogram."""
+
+    name = "mse"
+
+    def _range(self):
+        return self.histogram.mse_range(num_bits=self.num_bits, symmetric=self.symmetric)
+
+
+_OBSERVERS: dict[str, Callable[..., Observer]] = {
+    "minmax": MinMaxObserver,
+    "ema": EmaObserver,
+    "percentile": PercentileObserver,
+    "entropy": EntropyObserver,
+    "mse": MseObserver,
+}
+
+# Option names a factory may take (each factory gets the ones its signature names).
+OPTION_NAMES = ("percentile", "num_bins", "ema_decay", "num_bits", "symmetric")
+
+
+def register_observer(name: str, factory: Callable[..., Observer]) -> None:
+    """Make a calibration method available by name.
+
+    ``factory`` is called with the keyword options (``OPTION_NAMES``) its
+    signature accepts, or with none.
+    """
     _OBSERVERS[name] = factory
 
 
@@ -71,12 +220,29 @@ def observer_names() -> list[str]:
     return sorted(_OBSERVERS)
 
 
-def make_observer(method: str) -> Observer:
+def make_observer(method: str, **options) -> Observer:
+    """A new observer for ``method``; ``options`` its factory does not take are ignored."""
     from qtool.errors import QtoolError
 
     try:
-        return _OBSERVERS[method]()
+        factory = _OBSERVERS[method]
     except KeyError:
         raise QtoolError(
             f"unknown calibration method {method!r} (available: {', '.join(observer_names())})"
         ) from None
+    return factory(**_accepted(factory, options))
+
+
+def _accepted(factory, options: dict) -> dict:
+    import inspect
+
+    options = {k: v for k, v in options.items() if v is not None}
+    if not options:
+        return {}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return options
+    return {k: v for k, v in options.items() if k in params}

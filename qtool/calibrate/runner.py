@@ -31,6 +31,7 @@ class CalibrationResult:
     num_batches: int
     seconds: float
     ignored_arrays: list[str] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +41,7 @@ class CalibrationResult:
             "seconds": round(self.seconds, 3),
             "tensors": len(self.ranges),
             "ignored_arrays": self.ignored_arrays,
+            **({"options": self.options} if self.options else {}),
         }
 
 
@@ -100,9 +102,13 @@ def _session(model: ir.Model, output_values: list[ir.Value]):
     return session, (arrays, values)  # the arrays must outlive the session
 
 
-def _array(tensor) -> np.ndarray:
-    array = np.asarray(tensor.numpy())
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
+
+
+def _array(tensor) -> np.ndarray:
+    return _contiguous(tensor.numpy())
 
 
 def collect_ranges(
@@ -113,21 +119,29 @@ def collect_ranges(
     batch_size: int = 16,
     method: str = "minmax",
     progress: Progress | None = None,
+    options: dict | None = None,
 ) -> CalibrationResult:
     """Observe ``tensors`` of ``model`` over ``data``; returns their ranges.
 
     Tensors that are graph inputs are observed on the fed batches directly.
+    ``options``: the method's options (``percentile``, ``num_bins``,
+    ``ema_decay``, ``num_bits``, ``symmetric``; each observer takes the ones it
+    uses), checked before anything runs.
     """
     if batch_size < 1:
         raise QtoolError(f"batch size must be at least 1, got {batch_size}")
     start = time.perf_counter()
     values = _value_map(model.graph)
-    observers = {name: make_observer(method) for name in tensors}
+    options = dict(options or {})
+    make_observer(method, **options)  # bad methods and options fail before the session is built
+    observers = {name: make_observer(method, **options) for name in tensors}
     unknown = [t for t in tensors if t not in values]
     if unknown:
         raise QtoolError(f"cannot calibrate tensor '{unknown[0]}': not in the model")
     from_inputs = [t for t in tensors if values[t].is_graph_input()]
     from_outputs = [t for t in tensors if not values[t].is_graph_input()]
+    import onnxruntime as ort
+
     total = data.num_samples
     batches = 0
     if from_outputs or from_inputs:
@@ -139,15 +153,17 @@ def collect_ranges(
             for name in from_inputs:
                 observers[name].update(np.asarray(feed[name]))
             if session is not None:
+                # OrtValues in and out: onnxruntime's outputs are read in place, not copied
+                inputs = {k: ort.OrtValue.ortvalue_from_numpy(_contiguous(v)) for k, v in feed.items()}
                 try:
-                    outputs = session.run(from_outputs, {k: v if v.flags.c_contiguous else np.ascontiguousarray(v).reshape(v.shape) for k, v in feed.items()})
+                    outputs = session.run_with_ort_values(from_outputs, inputs)
                 except Exception as exc:  # noqa: BLE001
                     raise QtoolError(
                         f"onnxruntime failed on calibration batch {batches + 1}: {str(exc).strip().splitlines()[0]}"
                     ) from exc
-                for name, array in zip(from_outputs, outputs):
-                    observers[name].update(array)
-                del outputs
+                for name, value in zip(from_outputs, outputs):
+                    observers[name].update(value.numpy())
+                del outputs, inputs
             batches += 1
             done += len(next(iter(feed.values())))
             if progress is not None:
@@ -155,5 +171,5 @@ def collect_ranges(
         del session, keepalive
     ranges = {name: obs.range() for name, obs in observers.items()}
     return CalibrationResult(
-        ranges, observers, method, total, batches, time.perf_counter() - start, list(data.ignored)
+        ranges, observers, method, total, batches, time.perf_counter() - start, list(data.ignored), options
     )

@@ -11,6 +11,7 @@ import click
 
 from qtool import __version__
 from qtool.cli._common import QtoolGroup
+from qtool.cli.calibrate import calibrate_cmd
 from qtool.cli.rewrite import rewrite_eval_cmd, rewrite_train_cmd
 from qtool.cli.simulate import simulate_cmd
 
@@ -26,6 +27,7 @@ def main(ctx: click.Context, debug: bool) -> None:
       qtool rewrite-train model.onnx -o model.qat.onnx
       qtool rewrite-eval  model.onnx -o model.qdq.onnx --calibration-data calib.npz
       qtool simulate      model.onnx --data eval.npz --labels labels
+      qtool calibrate     model.onnx --data calib.npz -o ranges.json --method entropy
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
@@ -34,3 +36,4 @@ def main(ctx: click.Context, debug: bool) -> None:
 main.add_command(rewrite_train_cmd)
 main.add_command(rewrite_eval_cmd)
 main.add_command(simulate_cmd)
+main.add_command(calibrate_cmd)

@@ -90,6 +90,63 @@ batch_size_option = click.option(
 )
 
 
+# --- calibration methods (rewrite-eval, rewrite-train initial ranges, calibrate) -------------
+CALIBRATION_METHODS = ("minmax", "ema", "percentile", "entropy", "mse")
+
+
+def calibration_method_option(name: str = "--calibration-method"):
+    return click.option(
+        name,
+        "calibration_method",
+        type=click.Choice(CALIBRATION_METHODS),
+        default="minmax",
+        show_default=True,
+        help="How activation ranges are chosen: min/max over all data; TF's moving average of batch min/max; "
+        "a percentile of a histogram; TensorRT's KL-divergence threshold; the range with the least "
+        "fake-quantization MSE. See docs/calibration.md.",
+    )
+
+
+percentile_option = click.option(
+    "--percentile",
+    type=click.FloatRange(0, 100, min_open=True),
+    default=99.999,
+    show_default=True,
+    help="percentile method: keep this percentage of the values ((100-P)/2 cut on each side).",
+)
+num_bins_option = click.option(
+    "--num-bins",
+    type=click.IntRange(16),
+    default=2048,
+    show_default=True,
+    help="percentile/entropy/mse: histogram resolution (the observed range spans at least N bins).",
+)
+ema_decay_option = click.option(
+    "--ema-decay",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.999,
+    show_default=True,
+    help="ema method: decay of the moving average (one step per batch).",
+)
+
+
+def calibration_options(f):
+    """``--calibration-method``, ``--percentile``, ``--num-bins``, ``--ema-decay`` in one decorator."""
+    for option in reversed((calibration_method_option(), percentile_option, num_bins_option, ema_decay_option)):
+        f = option(f)
+    return f
+
+
+def method_options(method: str, percentile: float, num_bins: int, ema_decay: float) -> dict:
+    """The options of ``method`` to pass to the library (the others are left out)."""
+    from qtool.calibrate import method_options as _method_options
+
+    opts = _method_options(method, percentile=percentile, num_bins=num_bins, ema_decay=ema_decay)
+    opts.pop("num_bits", None)
+    opts.pop("symmetric", None)
+    return opts
+
+
 def not_built(command: str, issue: str) -> None:
     """Say plainly that a command has not landed yet and exit non-zero."""
     click.echo(f"qtool: '{command}' is not implemented yet ({issue}); nothing was written.", err=True)

@@ -11,8 +11,10 @@ from qtool.cli._common import (
     activation_bits_option,
     batch_size_option,
     calibration_data_option,
+    calibration_options,
     in_place_option,
     json_option,
+    method_options,
     not_built,
     output_option,
     per_channel_option,
@@ -53,10 +55,15 @@ def rewrite_train_cmd(model, output, **options):
 @per_channel_option
 @scope_option
 @click.option("--exclude", multiple=True, metavar="NODE_NAME", help="Keep this node in float (repeatable).")
+@calibration_options
+@click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,
+              help="Activation ranges from 'qtool calibrate' (or an onnxruntime calibration cache) "
+              "instead of --calibration-data.")
 @in_place_option
 @json_option
 def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, activation_bits, symmetric,
-                     per_channel, scope, exclude, in_place, as_json):
+                     per_channel, scope, exclude, calibration_method, percentile, num_bins, ema_decay, ranges_file,
+                     in_place, as_json):
     """Fold batch norms, insert QuantizeLinear/DequantizeLinear and write a deployable int8 model.
 
     \b
@@ -81,6 +88,9 @@ def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, a
             exclude=exclude,
             in_place=in_place,
             progress=bar.update,
+            calibration_method=calibration_method,
+            calibration_options=method_options(calibration_method, percentile, num_bins, ema_decay),
+            ranges=ranges_file,
         )
     finally:
         bar.close()

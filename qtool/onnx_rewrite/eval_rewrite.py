@@ -55,14 +55,14 @@ def as_ir_model(model):
     raise QtoolError(f"model must be a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
-def _check_not_training_graph(model, label: str) -> None:
-    if TRAINING_METADATA_KEY in model.metadata_props or any(
-        node.domain == "qtool" for node in model.graph.all_nodes()
-    ):
-        raise QtoolError(
-            f"'{label}' is a qtool training graph; turning it into an eval graph "
-            "(ranges from its trained state) is not supported yet"
-        )
+def _strip_training_graph(model, label: str):
+    """A qtool training graph becomes its float graph, in place (issue 5); returns its trained
+    state (ranges from the min/max state, batch norms with the moving statistics), else None."""
+    from qtool.onnx_rewrite.train_graph import is_training_graph, strip_training_graph
+
+    if not is_training_graph(model):
+        return None
+    return strip_training_graph(model, label)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -112,6 +112,8 @@ def rewrite_eval(
     in_place: bool = False,
     calibration_method: str = "minmax",
     progress: Callable[[int, int], None] | None = None,
+    calibration_options: dict | None = None,
+    ranges=None,
 ) -> RewriteEvalResult:
     """Fold batch norms, insert QuantizeLinear/DequantizeLinear, write a deployable int8 model.
 
@@ -122,6 +124,11 @@ def rewrite_eval(
     ``calibration_data``: ``.npz``/``.npy`` path, array, or dict of arrays; without
     it activation ranges are TF's defaults and the summary warns.
     ``progress(done, total)`` is called after each calibration batch.
+    ``calibration_method`` / ``calibration_options``: see ``qtool.calibrate``
+    (``percentile``, ``num_bins``, ``ema_decay``; bits and symmetry follow the
+    activation options). ``ranges``: a ranges file written by ``qtool
+    calibrate`` (or an onnxruntime calibration cache), or a dict of
+    ``(min, max)``, used instead of calibration data.
 
     Returns a :class:`RewriteEvalResult` (``.model``, ``.summary``, ``.format_text()``).
     """
@@ -170,12 +177,21 @@ def rewrite_eval(
     if calibration_data is None and progress is not None:
         progress = None
 
-    _check_not_training_graph(ir_model, label)
+    trained = _strip_training_graph(ir_model, label)
     opset_in = default_opset(ir_model)
     ir_in = ir_model.ir_version
 
     # --- calibration data: checked against the inputs before the rewrite ---------------
     data = None
+    given_ranges = None
+    ranges_source = ranges
+    ranges_label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
+    if ranges is not None:
+        from qtool.calibrate.ranges_file import load_ranges
+
+        if calibration_data is not None:
+            raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
+        given_ranges = load_ranges(ranges)
     if calibration_data is not None:
         from qtool.calibrate.data import input_specs, load_calibration_data
 
@@ -206,10 +222,19 @@ def rewrite_eval(
     if data is not None and tensors:
         from qtool.calibrate.runner import collect_ranges
 
+        options = {"num_bits": activation_bits, "symmetric": bool(symmetric), **(calibration_options or {})}
         calibration = collect_ranges(
-            ir_model, tensors, data, batch_size=batch_size, method=calibration_method, progress=progress
+            ir_model, tensors, data, batch_size=batch_size, method=calibration_method, progress=progress,
+            options=options,
         )
         ranges = calibration.ranges
+    elif given_ranges is not None:
+        from qtool.calibrate.ranges_file import select
+
+        ranges = select(given_ranges, tensors, ranges_label)
+
+    if trained is not None and ranges is None:  # TF's train-then-eval flow: the trained ranges
+        ranges = trained.ranges_after_fold(graph, folds)
 
     opset_out = default_opset(ir_model)
     encoding = encode_eval_graph(graph, plan, names, opset=opset_out, ranges=ranges)
@@ -219,6 +244,10 @@ def rewrite_eval(
         label, output, in_place, config, opset_in, opset_out, ir_in, ir_model.ir_version,
         folds, plan, encoding, calibration, data, ranges, calibration_method,
     )
+    if trained is not None and calibration is None and given_ranges is None:
+        summary["ranges_from"] = "the training graph's trained state"
+    if given_ranges is not None:
+        summary["ranges_from"] = os.fspath(ranges_source) if isinstance(ranges_source, (str, os.PathLike)) else "<ranges>"
     if output is not None:
         data_file = save_model(ir_model, output, external_data=external_in)
         summary["external_data"] = data_file
@@ -230,7 +259,7 @@ def _summary(label, output, in_place, config, opset_in, opset_out, ir_in, ir_out
     warnings: list[str] = []
     notes: list[str] = []
     new_acts = plan.new_activations()
-    if new_acts and data is None:
+    if new_acts and data is None and ranges is None:
         warnings.append(
             "no calibration data: activation ranges are TensorFlow's defaults ((-6, 6), and (0, 6) "
             "after Relu/Clip); the model needs calibration (--calibration-data) to be accurate"

@@ -29,6 +29,8 @@ def format_summary(s: dict) -> str:
     calib = s.get("calibration")
     if calib:
         where = f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
+    elif s.get("ranges_from"):
+        where = f"ranges from {s['ranges_from']}"
     elif c["activations_quantized"]:
         where = "TensorFlow's default ranges: NOT CALIBRATED"
     else:

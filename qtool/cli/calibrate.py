@@ -1,0 +1,86 @@
+"""``qtool calibrate``: activation ranges to a JSON file, for ``rewrite-eval --ranges``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from qtool.cli._common import (
+    activation_bits_option,
+    batch_size_option,
+    calibration_method_option,
+    ema_decay_option,
+    json_option,
+    method_options,
+    num_bins_option,
+    per_channel_option,
+    percentile_option,
+    scope_option,
+    symmetric_option,
+    weight_bits_option,
+)
+
+
+@click.command("calibrate")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--data", "data", type=click.Path(dir_okay=False), required=True,
+              help=".npz with one array per model input (first axis = samples), or a .npy for a one-input model.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,
+              help="Ranges file to write (JSON, see docs/calibration.md).")
+@calibration_method_option("--method")
+@percentile_option
+@num_bins_option
+@ema_decay_option
+@batch_size_option
+@weight_bits_option
+@activation_bits_option
+@symmetric_option
+@per_channel_option
+@scope_option
+@click.option("--exclude", multiple=True, metavar="NODE_NAME", help="Keep this node in float (repeatable).")
+@json_option
+def calibrate_cmd(model, data, output, calibration_method, percentile, num_bins, ema_decay, batch_size, weight_bits,
+                  activation_bits, symmetric, per_channel, scope, exclude, as_json):
+    """Run MODEL on --data and write the range of every tensor rewrite-eval would quantize.
+
+    Use the same quantization options (bits, --symmetric, --scope, --exclude)
+    here and in rewrite-eval: they decide which tensors are quantized.
+
+    \b
+      qtool calibrate model.onnx --data calib.npz -o ranges.json --method entropy
+      qtool rewrite-eval model.onnx -o model.qdq.onnx --ranges ranges.json
+    """
+    from qtool.calibrate import calibrate_to_file
+    from qtool.cli.rewrite import _ProgressBar
+
+    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    try:
+        summary = calibrate_to_file(
+            model, data, output,
+            method=calibration_method,
+            batch_size=batch_size,
+            progress=bar.update,
+            weight_bits=weight_bits,
+            activation_bits=activation_bits,
+            symmetric=symmetric,
+            per_channel=per_channel,
+            scope=scope,
+            exclude=exclude,
+            **method_options(calibration_method, percentile, num_bins, ema_decay),
+        )
+    finally:
+        bar.close()
+    for warning in summary["warnings"]:
+        click.echo(f"qtool: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    options = ", ".join(f"{k}={v}" for k, v in summary["options"].items())
+    click.echo(
+        f"calibrated {summary['tensors']} tensor(s) of {summary['model']} on {summary['samples']} sample(s) "
+        f"in {summary['batches']} batch(es), {summary['method']}{f' ({options})' if options else ''}, "
+        f"{summary['seconds']:.2f} s"
+    )
+    click.echo(f"wrote {summary['output']}")
