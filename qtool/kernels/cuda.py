@@ -125,7 +125,7 @@ if SIM:
     # The simulator runs one Python thread per CUDA thread, one block at a
     # time: tiny blocks, but several, so the grid-stride loops, the channel
     # stepping and the cross-block atomics all run.
-    TPB = 8
+    TPB = 4
     RED_BX, RED_BY = 4, 2
 else:
     TPB = 256
@@ -173,7 +173,7 @@ def _reduce_config(n: int, cols: int):
         bx, by = bx * by, 1
         cols2 = cols * (bx // math.gcd(cols, bx))
         rows2 = (n + cols2 - 1) // cols2
-    gx = (cols2 + bx - 1) // bx
+    gx = (min(cols2, n) + bx - 1) // bx  # columns at or past n hold no element
     target = _max_blocks() if SIM else _max_blocks() // 4
     gy = max(1, min((rows2 + by - 1) // by, max(1, target // gx), 65535))
     return (gx, gy), (bx, by), cols2
