@@ -2,24 +2,92 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from qtool.cli._common import batch_size_option, calibration_data_option, not_built
+from qtool.cli._common import batch_size_option, calibration_data_option
 
 
 @click.command("simulate")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", type=click.Path(dir_okay=False), required=True, help=".npz with the evaluation inputs.")
-@click.option("--labels", default=None, metavar="NAME", help="Array in --data holding class ids.")
+@click.option("--data", type=click.Path(dir_okay=False), required=True,
+              help=".npz with one array per model input (samples first), and optionally the labels.")
+@click.option("--labels", default=None, metavar="NAME", help="Array in --data holding integer class ids.")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: first).")
-@click.option("--quantized", multiple=True, type=click.Path(dir_okay=False), help="Quantized model(s) to compare.")
-@click.option("--weight-bits", default="8", show_default=True, help="Comma-separated weight bit widths for the what-if table.")
-@click.option("--activation-bits", default="8", show_default=True, help="Comma-separated activation bit widths.")
+@click.option("--quantized", multiple=True, type=click.Path(dir_okay=False),
+              help="Quantized model to compare (repeatable). Without it: a what-if table quantized in memory.")
+@click.option("--weight-bits", default=None, metavar="LIST", help="Comma-separated weight bit widths for the what-if table.  [default: 8]")
+@click.option("--activation-bits", default=None, metavar="LIST",
+              help="Comma-separated activation bit widths for the what-if table.  [default: 8]")
 @calibration_data_option
-@click.option("--sensitivity", is_flag=True, help="Quantize one layer at a time and rank layers by damage.")
+@click.option("--sensitivity", is_flag=True, help="Also quantize one layer at a time and rank layers by damage.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every number as JSON.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None, help="Write an HTML report.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a self-contained HTML report (plots need the qtool[report] extra).")
 @batch_size_option
-def simulate_cmd(model, **options):
-    """Report accuracy and per-tensor error of quantized versions of MODEL."""
-    not_built("simulate", "issue 6")
+def simulate_cmd(model, data, labels, output_name, quantized, weight_bits, activation_bits, calibration_data,
+                 sensitivity, json_path, html_path, batch_size):
+    """Report accuracy and per-tensor error of quantized versions of MODEL.
+
+    \b
+      qtool simulate model.onnx --data eval.npz --labels labels --quantized model.qdq.onnx
+      qtool simulate model.onnx --data eval.npz --labels labels --weight-bits 4,8 \\
+          --activation-bits 8,16 --calibration-data calib.npz --html report.html
+    """
+    from qtool.errors import QtoolError
+    from qtool.simulate.core import simulate
+
+    if quantized and (weight_bits is not None or activation_bits is not None):
+        raise QtoolError("--weight-bits/--activation-bits build the what-if table; they do not apply with --quantized")
+    bars = _ProgressBars(enabled=sys.stderr.isatty())
+    try:
+        result = simulate(
+            model,
+            data,
+            labels=labels,
+            output=output_name,
+            quantized=quantized,
+            weight_bits=weight_bits if weight_bits is not None else "8",
+            activation_bits=activation_bits if activation_bits is not None else "8",
+            calibration_data=calibration_data,
+            sensitivity=sensitivity,
+            batch_size=batch_size,
+            json_path=json_path,
+            html_path=html_path,
+            progress=bars.update,
+        )
+    finally:
+        bars.close()
+    click.echo(result.format_text())
+    for path, what in ((json_path, "JSON"), (html_path, "HTML")):
+        if path:
+            click.echo(f"{what} report: {path}")
+
+
+class _ProgressBars:
+    """One click progress bar per pass over the data, on stderr (off when not a terminal)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.label = None
+        self.bar = None
+        self.done = 0
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if label != self.label:
+            self.close()
+            self.label = label
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+            self.done = 0
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+        self.label = None
