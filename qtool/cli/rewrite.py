@@ -15,7 +15,6 @@ from qtool.cli._common import (
     in_place_option,
     json_option,
     method_options,
-    not_built,
     output_option,
     per_channel_option,
     scope_option,
@@ -37,11 +36,53 @@ from qtool.cli._common import (
 @scope_option
 @per_channel_option
 @calibration_data_option
+@batch_size_option
+@calibration_options
 @in_place_option
 @json_option
-def rewrite_train_cmd(model, output, **options):
-    """Write a quantization-aware training graph (tf.contrib.quantize create_training_graph)."""
-    not_built("rewrite-train", "issue 5")
+def rewrite_train_cmd(model, output, weight_bits, activation_bits, symmetric, quant_delay, freeze_bn_delay, scope,
+                      per_channel, calibration_data, batch_size, calibration_method, percentile, num_bins, ema_decay,
+                      in_place, as_json):
+    """Write a quantization-aware training graph (tf.contrib.quantize create_training_graph).
+
+    \b
+      qtool rewrite-train model.onnx -o model.qat.onnx --quant-delay 2000 --freeze-bn-delay 4000
+
+    The training contract (qtool_step input, state and its ':updated' outputs) is
+    in the model's metadata 'qtool.training'; see docs/training.md. After
+    training, 'qtool rewrite-eval' makes the int8 model from the trained state.
+    """
+    from qtool.onnx_rewrite.train_rewrite import rewrite_train
+
+    if output is None and not in_place:
+        raise click.UsageError("give an output path with -o/--output, or --in-place")
+    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    try:
+        result = rewrite_train(
+            model,
+            output,
+            weight_bits=weight_bits,
+            activation_bits=activation_bits,
+            symmetric=symmetric,
+            quant_delay=quant_delay,
+            freeze_bn_delay=freeze_bn_delay,
+            scope=scope,
+            per_channel=per_channel,
+            calibration_data=calibration_data,
+            batch_size=batch_size,
+            calibration_method=calibration_method,
+            calibration_options=method_options(calibration_method, percentile, num_bins, ema_decay),
+            in_place=in_place,
+            progress=bar.update,
+        )
+    finally:
+        bar.close()
+    for warning in result.warnings:
+        click.echo(f"qtool: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(result.format_text())
 
 
 @click.command("rewrite-eval")

@@ -92,6 +92,7 @@ def rewrite_train(
     calibration_data=None,
     batch_size: int = 16,
     calibration_method: str = "minmax",
+    calibration_options: dict | None = None,
     in_place: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> RewriteTrainResult:
@@ -103,7 +104,8 @@ def rewrite_train(
     (``qtool_step >= quant_delay``). ``freeze_bn_delay``: the step from which
     batch norms use their moving statistics and stop updating them (None: never).
     ``calibration_data``: initial activation ranges (else TF's (-6, 6), and
-    (0, 6) after Relu/Clip).
+    (0, 6) after Relu/Clip), observed with ``calibration_method`` and its
+    ``calibration_options`` (see ``qtool.calibrate``).
 
     The training contract (state, step input, delays) is in the model's
     ``metadata_props["qtool.training"]``; see ``docs/training.md``.
@@ -237,8 +239,10 @@ def rewrite_train(
     if data is not None and tensors:
         from qtool.calibrate.runner import collect_ranges
 
+        method_options = {"num_bits": config.activation_bits, "symmetric": config.symmetric,
+                          **(calibration_options or {})}
         calibration = collect_ranges(clone, tensors, data, batch_size=batch_size, method=calibration_method,
-                                     progress=progress)
+                                     progress=progress, options=method_options)
         ranges = {aliases.get(k, k): v for k, v in calibration.ranges.items()}
 
     # --- the training graph ---------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""``qtool rewrite-train`` end to end: files in a temp folder, idempotence, the train -> eval flow, bad input."""
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from qtool.cli import main
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+MODEL = SAMPLES / "digits_cnn.onnx"
+CALIB = SAMPLES / "calib.npz"
+
+
+@pytest.fixture
+def work(tmp_path):
+    shutil.copy(MODEL, tmp_path / "model.onnx")
+    shutil.copy(CALIB, tmp_path / "calib.npz")
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_rewrite_train_sample_then_eval(work):
+    out = work / "model.qat.onnx"
+    result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--calibration-data", work / "calib.npz",
+                    "--quant-delay", 5, "--freeze-bn-delay", 10)
+    assert result.exit_code == 0, result.output
+    assert "batch norms folded     4 of 4" in result.stdout
+    assert "layers quantized       5" in result.stdout
+    assert "activations quantized  7" in result.stdout
+    assert "warning" not in result.stderr
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    contract = json.loads({p.key: p.value for p in model.metadata_props}["qtool.training"])
+    assert contract["quant_delay"] == 5 and contract["freeze_bn_delay"] == 10
+    # the deployable model from the training graph, no calibration
+    qdq = work / "model.qdq.onnx"
+    result = invoke("rewrite-eval", out, "-o", qdq)
+    assert result.exit_code == 0, result.output
+    assert "ranges from the training graph's trained state" in result.stdout
+    assert "warning" not in result.stderr
+    assert not any(n.domain == "qtool" for n in onnx.load(qdq).graph.node)
+
+
+def test_json_summary_and_idempotence(work):
+    out = work / "model.qat.onnx"
+    result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["counts"]["state_tensors"] == 22
+    assert summary["changed"] and not summary["already_training_graph"]
+    assert all(a["range_source"] == "default" for a in summary["activations"])
+    again = work / "again.onnx"
+    result = invoke("rewrite-train", out, "-o", again, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["already_training_graph"] and not summary["changed"]
+    assert again.read_bytes() == out.read_bytes()
+    result = invoke("rewrite-train", out, "--in-place")
+    assert result.exit_code == 0 and "nothing to do" in result.stdout
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_in_place(work):
+    before = (work / "model.onnx").read_bytes()
+    result = invoke("rewrite-train", work / "model.onnx", "--in-place", "--per-tensor", "--symmetric")
+    assert result.exit_code == 0, result.output
+    after = (work / "model.onnx").read_bytes()
+    assert after != before
+    assert sorted(p.name for p in work.iterdir()) == ["calib.npz", "model.onnx"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["missing.onnx", "-o", "out.onnx"], "does not exist"),
+    (["calib.npz", "-o", "out.onnx"], "not an ONNX model"),
+    (["model.onnx", "-o", "nowhere/out.onnx"], "does not exist"),
+    (["model.onnx"], "-o/--output"),
+    (["model.onnx", "-o", "out.onnx", "--quant-delay", "-1"], "quant-delay"),
+    (["model.onnx", "-o", "out.onnx", "--weight-bits", "17"], "weight-bits"),
+    (["model.onnx", "-o", "out.onnx", "--calibration-data", "model.onnx"], "calibration"),
+    (["model.onnx", "-o", "model.onnx"], "--in-place"),
+])
+def test_bad_input_is_one_line_nonzero_exit_nothing_written(work, args, message, monkeypatch):
+    monkeypatch.chdir(work)
+    before = sorted(p.name for p in work.iterdir())
+    model_bytes = (work / "model.onnx").read_bytes()
+    result = invoke("rewrite-train", *args)
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in work.iterdir()) == before
+    assert (work / "model.onnx").read_bytes() == model_bytes
+
+
+def test_foreign_training_state_is_an_error(work):
+    model = onnx.load(work / "model.onnx")
+    bn = next(n for n in model.graph.node if n.op_type == "BatchNormalization")
+    bn.output.extend(["running_mean", "running_var"])
+    model.graph.output.append(onnx.helper.make_tensor_value_info("running_mean", onnx.TensorProto.FLOAT, [16]))
+    onnx.save(model, work / "foreign.onnx")
+    result = invoke("rewrite-train", work / "foreign.onnx", "-o", work / "out.onnx")
+    assert result.exit_code != 0
+    assert "training-only state from another tool" in result.output
+    assert not (work / "out.onnx").exists()
