@@ -11,7 +11,12 @@ One module per transformation:
 - ``ranges``: ranges, nudging and integer storage (spec sections 4 and 6);
 - ``eval_graph``: the plan as QuantizeLinear/DequantizeLinear (spec section 6);
 - ``opset``: raising the opset with onnx.version_converter;
-- ``eval_rewrite``: ``rewrite_eval``, the pipeline over all of them.
+- ``eval_rewrite``: ``rewrite_eval``, the pipeline over all of them;
+- ``fake_quant_function``: ``qtool::FakeQuant``, TF's FakeQuant as a model-local ONNX function;
+- ``fold_batch_norms_train``: the training fold (spec section 3, TF's correction scheme);
+- ``train_graph``: the plan as FakeQuant nodes with state and the ``qtool.training`` contract
+  (spec sections 4-5), and its removal for ``rewrite_eval``;
+- ``train_rewrite``: ``rewrite_train``, the training-graph pipeline.
 
 Public names load lazily, so importing this package costs nothing.
 """
@@ -21,6 +26,9 @@ from importlib import import_module as _import_module
 _LAZY = {
     "rewrite_eval": "qtool.onnx_rewrite.eval_rewrite",
     "RewriteEvalResult": "qtool.onnx_rewrite.eval_rewrite",
+    "rewrite_train": "qtool.onnx_rewrite.train_rewrite",
+    "RewriteTrainResult": "qtool.onnx_rewrite.train_rewrite",
+    "training_contract": "qtool.onnx_rewrite.train_graph",
     "plan_quantization": "qtool.onnx_rewrite.placement",
     "QuantConfig": "qtool.onnx_rewrite.placement",
     "QuantPlan": "qtool.onnx_rewrite.placement",
