@@ -23,6 +23,10 @@ Public names load lazily, so importing this package costs nothing.
 
 from importlib import import_module as _import_module
 
+from qtool.onnx_rewrite._lazy_sympy import defer_sympy as _defer_sympy
+
+_defer_sympy()  # before anything imports onnx_ir
+
 _LAZY = {
     "rewrite_eval": "qtool.onnx_rewrite.eval_rewrite",
     "RewriteEvalResult": "qtool.onnx_rewrite.eval_rewrite",

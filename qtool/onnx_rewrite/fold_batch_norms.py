@@ -118,6 +118,13 @@ def _channel_vector(c: np.ndarray, channels: int, rank: int) -> np.ndarray | Non
     return np.broadcast_to(c.astype(np.float64), target).reshape(channels)
 
 
+def _scaled(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``w * s`` computed in float64 and rounded once to ``w``'s type, without a float64 copy of ``w``."""
+    out = np.empty(np.broadcast_shapes(w.shape, s.shape), dtype=w.dtype)
+    np.multiply(w, s, out=out, dtype=np.float64, casting="unsafe")
+    return out
+
+
 class FoldBatchNorm:
     """Rule: fold an inference BatchNormalization into the preceding layer op."""
 
@@ -192,19 +199,18 @@ class FoldBatchNorm:
         eps = _float_attr(bn, "epsilon", 1e-5)
         s = gamma / np.sqrt(var + np.float64(np.float32(eps)))
 
-        w64 = w.astype(np.float64)
         if op == "Conv":
-            w_new = w64 * s.reshape((-1,) + (1,) * (w.ndim - 1))
+            w_new = _scaled(w, s.reshape((-1,) + (1,) * (w.ndim - 1)))
         elif op == "ConvTranspose":
             g = group_of(layer)
             cin, cpg = w.shape[0], w.shape[1]
             k = w.shape[2:]
-            blocks = w64.reshape((g, cin // g, cpg) + k)
-            w_new = (blocks * s.reshape((g, 1, cpg) + (1,) * len(k))).reshape(w.shape)
+            blocks = w.reshape((g, cin // g, cpg) + k)
+            w_new = _scaled(blocks, s.reshape((g, 1, cpg) + (1,) * len(k))).reshape(w.shape)
         elif op == "Gemm" and _int_attr(layer, "transB", 0):
-            w_new = w64 * s[:, None]
+            w_new = _scaled(w, s[:, None])
         else:  # Gemm transB=0, MatMul [K, N]
-            w_new = w64 * s[None, :]
+            w_new = _scaled(w, s[None, :])
 
         # The bias before the batch norm: the layer's own, plus a bias Add's constant.
         b = np.zeros(channels, np.float64)
@@ -223,7 +229,7 @@ class FoldBatchNorm:
 
         ctx = context_of(layer.name or op)
         dtype = w.dtype
-        new_w = self._initializer(f"{ctx}/weights_fold", w_new.astype(dtype))
+        new_w = self._initializer(f"{ctx}/weights_fold", w_new)
         new_b = self._initializer(f"{ctx}/bias_fold", b_new.astype(dtype).reshape(channels))
 
         old_nodes: list[ir.Node] = []
