@@ -391,3 +391,21 @@ def test_bad_delays_are_errors():
         rewrite_train(conv_bn_model(), quant_delay=-1)
     with pytest.raises(QtoolError, match="freeze_bn_delay"):
         rewrite_train(conv_bn_model(), freeze_bn_delay=1.5)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_recent_opsets_reduce_with_axes_inputs_and_round_trip(opset):
+    b = Builder(opset=opset)
+    x = b.input("x", ["N", 3, 6, 6])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 4), 4)])
+    y = b.node("Relu", [b.bn(b.conv(y, 4, 4, group=4), 4)])
+    result = rewrite_train(b.proto([y]), quant_delay=1, freeze_bn_delay=2)
+    assert result.summary["opset"] == {"input": opset, "output": opset}
+    train = proto(result)
+    onnx.checker.check_model(train, full_check=True)
+    sess = session(train)
+    for step in (0, 1, 2):
+        assert np.all(np.isfinite(run_step(sess, train, {"x": x_data(2, 3, 6, 6)}, step)[y]))
+    evaluated = rewrite_eval(train)
+    assert evaluated.summary["ranges_from"] == "the training graph's trained state"
+    assert evaluated.summary["counts"]["batch_norms_folded"] == 2
