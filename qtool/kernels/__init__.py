@@ -1,6 +1,7 @@
 """Quantization kernels that match TensorFlow bit for bit (see spec/kernels.md)."""
 
 from qtool.kernels.api import (  # noqa: F401
+    CudaUnavailableError,
     fake_quant_with_min_max_args,
     fake_quant_with_min_max_args_gradient,
     fake_quant_with_min_max_vars,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 
 import numpy as np
 
@@ -53,6 +54,11 @@ if not _have_numba_cuda():  # numba's own (deprecated) numba.cuda is not enough
 
 import numba  # noqa: E402
 from numba import cuda, float64, int64  # noqa: E402
+
+try:  # numba-cuda's own warning class (not numba.core's)
+    from numba.cuda.core.errors import NumbaPerformanceWarning
+except ImportError:  # pragma: no cover - other numba-cuda layouts
+    from numba.core.errors import NumbaPerformanceWarning
 
 from qtool.kernels import _scalar  # noqa: E402
 from qtool.kernels._targets import build  # noqa: E402
@@ -703,20 +709,46 @@ def _small_grid(d: int) -> int:
     return max(1, min((d + TPB - 1) // TPB, _max_blocks()))
 
 
+_small_launches: dict = {}
+
+
+def _launch(kernel, grid, block):
+    """``kernel[grid, block]``, without numba's low-occupancy warning for grids under 128 blocks.
+
+    Small tensors (and the one-thread finishing kernels) legitimately launch
+    small grids; numba would warn on every such call. The configured launch
+    is cached per shape (at most a few hundred), so the warning filter is
+    touched only the first time.
+    """
+    if SIM:  # the simulator configures the kernel object itself: nothing to cache, no warning
+        return kernel[grid, block]
+    g = grid if isinstance(grid, tuple) else (grid,)
+    if math.prod(g) >= 128:
+        return kernel[grid, block]
+    key = (id(kernel), grid, block)
+    cfg = _small_launches.get(key)
+    if cfg is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NumbaPerformanceWarning)
+            cfg = kernel[grid, block]
+        _small_launches[key] = cfg
+    return cfg
+
+
 # --- launchers: ``cpu``'s names and arguments --------------------------------------------------------
 def fq_tensor_mul(x, out, nmin, nmax, scale, inv_scale, quant_zero):
     if x.size:
-        _FQ["fq_tensor_mul"][_grid(x.size), TPB](x, out, nmin, nmax, scale, inv_scale, quant_zero)
+        _launch(_FQ["fq_tensor_mul"], _grid(x.size), TPB)(x, out, nmin, nmax, scale, inv_scale, quant_zero)
 
 
 def fq_tensor_div(x, out, nmin, nmax, scale, quant_zero):
     if x.size:
-        _FQ["fq_tensor_div"][_grid(x.size), TPB](x, out, nmin, nmax, scale, quant_zero)
+        _launch(_FQ["fq_tensor_div"], _grid(x.size), TPB)(x, out, nmin, nmax, scale, quant_zero)
 
 
 def fq_tensor_levels(x, out, nmin, nmax, scale, quant_zero, zp):
     if x.size:
-        _FQ["fq_tensor_levels"][_grid(x.size), TPB](x, out, nmin, nmax, scale, quant_zero, zp)
+        _launch(_FQ["fq_tensor_levels"], _grid(x.size), TPB)(x, out, nmin, nmax, scale, quant_zero, zp)
 
 
 def fq_tensor_grad(g, x, out, lo, hi):
@@ -726,7 +758,7 @@ def fq_tensor_grad(g, x, out, lo, hi):
     acc_min, acc_max = _grad_sums(g, x, out, lo_a, hi_a, 1, 1)
     dmin = empty((), np.float32)
     dmax = empty((), np.float32)
-    sums_to_f32_scalar[1, 1](acc_min, acc_max, dmin, dmax)
+    _launch(sums_to_f32_scalar, 1, 1)(acc_min, acc_max, dmin, dmax)
     return dmin, dmax
 
 
@@ -734,7 +766,7 @@ def fq_axis_mul(x, out, depth, inner, nmin, nmax, scale, inv_scale, quant_zero):
     if x.size:
         blocks, dc, dj = _axis_steps(x.size, depth, inner)
         f = np.float32
-        _FQ["fq_axis_mul"][blocks, TPB](
+        _launch(_FQ["fq_axis_mul"], blocks, TPB)(
             x, out, depth, inner, dc, dj, _dev(nmin, f), _dev(nmax, f), _dev(scale, f), _dev(inv_scale, f), _dev(quant_zero, f)
         )
 
@@ -743,7 +775,7 @@ def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
     if x.size:
         blocks, dc, dj = _axis_steps(x.size, depth, inner)
         f = np.float32
-        _FQ["fq_axis_levels"][blocks, TPB](
+        _launch(_FQ["fq_axis_levels"], blocks, TPB)(
             x, out, depth, inner, dc, dj, _dev(nmin, f), _dev(nmax, f), _dev(inv_scale, f), _dev(quant_zero, f), _dev(zp, f)
         )
 
@@ -754,7 +786,7 @@ def fq_axis_grad(g, x, out, depth, inner, lo, hi):
     dmin = empty((depth,), np.float32)
     dmax = empty((depth,), np.float32)
     if depth:
-        sums_to_f32[_small_grid(depth), TPB](acc_min, acc_max, dmin, dmax)
+        _launch(sums_to_f32, _small_grid(depth), TPB)(acc_min, acc_max, dmin, dmax)
     return dmin, dmax
 
 
@@ -762,37 +794,37 @@ def _grad_sums(g, x, out, lo, hi, depth, inner):
     acc_min = empty((depth,), np.float64)
     acc_max = empty((depth,), np.float64)
     if depth:
-        zero_f64[_small_grid(depth), TPB](acc_min, acc_max)
+        _launch(zero_f64, _small_grid(depth), TPB)(acc_min, acc_max)
     if x.size:
         grid, block, cols2 = _reduce_config(x.size, depth * inner)
-        _FQ["fq_grad_reduce"][grid, block](g, x, out, lo, hi, acc_min, acc_max, depth * inner, cols2, inner, depth)
+        _launch(_FQ["fq_grad_reduce"], grid, block)(g, x, out, lo, hi, acc_min, acc_max, depth * inner, cols2, inner, depth)
     return acc_min, acc_max
 
 
 def qdq_tensor(x, out, lo, hi, scale, inv, clamp, half_up, half):
     if x.size:
-        _QDQ[x.dtype]["qdq_tensor"][_grid(x.size), TPB](x, out, lo, hi, scale, inv, clamp, half_up, half)
+        _launch(_QDQ[x.dtype]["qdq_tensor"], _grid(x.size), TPB)(x, out, lo, hi, scale, inv, clamp, half_up, half)
 
 
 def qdq_axis(x, out, depth, inner, lo, hi, scale, inv, clamp, half_up, half):
     if x.size:
         blocks, dc, dj = _axis_steps(x.size, depth, inner)
         t = x.dtype
-        _QDQ[t]["qdq_axis"][blocks, TPB](
+        _launch(_QDQ[t]["qdq_axis"], blocks, TPB)(
             x, out, depth, inner, dc, dj, _dev(lo, t), _dev(hi, t), _dev(scale, t), _dev(inv, t), clamp, half_up, half
         )
 
 
 def qdq_tensor_grad(g, x, out, lo, hi, one, zero):
     if x.size:
-        _QDQ[x.dtype]["qdq_tensor_grad"][_grid(x.size), TPB](g, x, out, lo, hi, one, zero)
+        _launch(_QDQ[x.dtype]["qdq_tensor_grad"], _grid(x.size), TPB)(g, x, out, lo, hi, one, zero)
 
 
 def qdq_axis_grad(g, x, out, depth, inner, lo, hi, one, zero):
     if x.size:
         blocks, dc, dj = _axis_steps(x.size, depth, inner)
         t = x.dtype
-        _QDQ[t]["qdq_axis_grad"][blocks, TPB](g, x, out, depth, inner, dc, dj, _dev(lo, t), _dev(hi, t), one, zero)
+        _launch(_QDQ[t]["qdq_axis_grad"], blocks, TPB)(g, x, out, depth, inner, dc, dj, _dev(lo, t), _dev(hi, t), one, zero)
 
 
 def qdq_params_from_minmax(x, depth, inner, min_q, max_q, big):
@@ -804,7 +836,7 @@ def qdq_params_from_minmax(x, depth, inner, min_q, max_q, big):
     acc_lo, acc_hi, zidx = _minmax_acc(x, depth, inner)
     mins, maxs, scale, inv, lo, hi = (empty((depth,), t) for _ in range(6))
     if x.size and depth:
-        _QDQ[t]["qdq_params_from_minmax"][_small_grid(depth), TPB](
+        _launch(_QDQ[t]["qdq_params_from_minmax"], _small_grid(depth), TPB)(
             x, acc_lo, acc_hi, zidx, mins, maxs, scale, inv, lo, hi, min_q, max_q, big, t.type(0)
         )
     return scale, inv, lo, hi
@@ -815,10 +847,10 @@ def _minmax_acc(x, depth, inner):
     acc_hi = empty((depth,), np.float64)
     zidx = empty((depth,), np.int64)
     if depth:
-        init_minmax[_small_grid(depth), TPB](acc_lo, acc_hi, zidx)
+        _launch(init_minmax, _small_grid(depth), TPB)(acc_lo, acc_hi, zidx)
     if x.size:
         grid, block, cols2 = _reduce_config(x.size, depth * inner)
-        minmax_reduce[grid, block](x, acc_lo, acc_hi, zidx, depth * inner, cols2, inner, depth)
+        _launch(minmax_reduce, grid, block)(x, acc_lo, acc_hi, zidx, depth * inner, cols2, inner, depth)
     return acc_lo, acc_hi, zidx
 
 
@@ -833,7 +865,7 @@ def minmax_tensor(x, dtype=None):
     hi = empty((), dtype)
     if x.size == 0:
         x = empty((1,), x.dtype)  # never read: there is no zero
-    minmax_fix_scalar[1, 1](x, acc_lo, acc_hi, zidx, lo, hi)
+    _launch(minmax_fix_scalar, 1, 1)(x, acc_lo, acc_hi, zidx, lo, hi)
     return lo, hi
 
 
@@ -846,14 +878,14 @@ def minmax_axis(x, depth, inner, dtype=None):
     if depth:
         if x.size == 0:
             x = empty((1,), x.dtype)
-        minmax_fix[_small_grid(depth), TPB](x, acc_lo, acc_hi, zidx, lo, hi)
+        _launch(minmax_fix, _small_grid(depth), TPB)(x, acc_lo, acc_hi, zidx, lo, hi)
     return lo, hi
 
 
 def fill_int32(out, value):
     """``out[:] = value`` for a flat int32 device array."""
     if out.size:
-        fill[_grid(out.size), TPB](out, np.int32(value))
+        _launch(fill, _grid(out.size), TPB)(out, np.int32(value))
 
 
 F32_HALF = _scalar.F32_HALF

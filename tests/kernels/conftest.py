@@ -227,6 +227,8 @@ def pytest_sessionfinish(session, exitstatus):
     if proc is not None and proc.poll() is None:  # the waiting test did not run (-x, interrupted)
         proc.kill()
         proc.wait()
+    if _sim_pass.get("log") is not None:
+        _sim_pass["log"].close()
 
 
 @pytest.fixture
@@ -239,5 +241,7 @@ def cuda_simulator_pass():
     except subprocess.TimeoutExpired:
         proc.kill()
         rc = proc.wait()
-    log.seek(0)
-    return rc, log.read(), time.monotonic() - _sim_pass["started"]
+    if "output" not in _sim_pass:
+        log.seek(0)
+        _sim_pass["output"] = log.read()
+    return rc, _sim_pass["output"], time.monotonic() - _sim_pass["started"]
