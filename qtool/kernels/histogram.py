@@ -30,7 +30,10 @@ Ranges from a histogram (all return ``(lo, hi)`` inside the observed range)
       ``[max(lo, -T), min(hi, T)]`` (``[-T, T]`` when symmetric); the window's
       bins are grouped into ``2**bits`` quantized bins; the reference ``p`` is
       the window's counts with the clipped mass added to the edge bins, the
-      candidate ``q`` spreads each group's mass over its non-empty bins;
+      candidate ``q`` spreads each group's in-window mass over the bins where
+      ``p`` is non-empty (onnxruntime's and MXNet's rule; an edge bin that only
+      holds clipped mass gets a share, so thresholds in a gap of the
+      distribution stay comparable);
       the threshold with the smallest ``KL(p || q)`` wins. Exact zeros are
       left out (every range contains 0 and quantizes it exactly; a spike of
       zeros after a Relu would otherwise dominate the divergence). A window
@@ -381,12 +384,17 @@ def _range_sum(pre, a, b):
 
 
 @njit(**_jit)
+def _xlogx(c):
+    return c * math.log(c) if c > 0 else 0.0
+
+
+@njit(**_jit)
 def _kl(counts, csum, cnz, clogc, left, right, L, total):
     """KL(p || q) for the window of slots ``[left, right)`` (may extend past the slots).
 
     ``p``: the window's counts, the clipped mass added to the two edge bins;
     ``q``: bin ``j`` of the window is in group ``j * L // W``; each group's
-    in-window mass spread evenly over its non-empty bins. With prefix sums of
+    in-window mass spread evenly over its bins where ``p`` is non-empty. With prefix sums of
     ``c``, ``c > 0`` and ``c log c`` this costs O(L) per window:
     ``sum p log(p/q) = sum p log p - sum_groups (group's p mass) * log(mass / nonzero)``.
     """
@@ -399,27 +407,31 @@ def _kl(counts, csum, cnz, clogc, left, right, L, total):
         return np.inf
     c_l = counts[left] if 0 <= left < n else 0
     c_r = counts[right - 1] if 0 <= right - 1 < n else 0
-    # an edge bin that received clipped mass but holds none itself: q = 0 where p > 0
-    if (out_l > 0 and c_l == 0) or (out_r > 0 and c_r == 0):
-        return np.inf
+    # an empty edge bin that receives clipped mass is non-empty in p, so q gets a share there too
+    extra_l = 1 if (out_l > 0 and c_l == 0) else 0
+    extra_r = 1 if (out_r > 0 and c_r == 0) else 0
     plogp = _range_sum(clogc, left, right)
     if out_l > 0:
-        plogp += (c_l + out_l) * math.log(c_l + out_l) - c_l * math.log(c_l)
+        plogp += _xlogx(c_l + out_l) - _xlogx(c_l)
     if out_r > 0:
-        plogp += (c_r + out_r) * math.log(c_r + out_r) - c_r * math.log(c_r)
+        plogp += _xlogx(c_r + out_r) - _xlogx(c_r)
     plogq = 0.0
     for g in range(L):
         j0 = left + (g * W + L - 1) // L
         j1 = left + ((g + 1) * W + L - 1) // L
         nz = _range_sum(cnz, j0, j1)
-        if nz == 0:
-            continue
-        s = _range_sum(csum, j0, j1)
-        mass = s
+        mass = _range_sum(csum, j0, j1)
+        s = mass
         if j0 <= left < j1:
             mass += out_l
+            nz += extra_l
         if j0 <= right - 1 < j1:
             mass += out_r
+            nz += extra_r
+        if mass == 0:
+            continue
+        if s == 0:
+            return np.inf  # p > 0 where q = 0 (the edge group holds nothing inside the window)
         plogq += mass * math.log(s / nz)
     # sum_i P_i log(P_i / Q_i) with P = p / total, Q = q / inside
     return (plogp - plogq) / total + math.log(inside / total)

@@ -16,7 +16,11 @@ def percentile_range(x: np.ndarray, percentile: float):
 
 
 def kl_divergence(counts: np.ndarray, left: int, right: int, L: int) -> float:
-    """TensorRT's KL(p || q) for the window of bins [left, right) of ``counts`` (pytorch-quantization's loop)."""
+    """TensorRT's KL(p || q) for the window of bins [left, right) of ``counts``.
+
+    pytorch-quantization's loop, with onnxruntime's rule for the bins that share a
+    group's mass (where ``p``, which includes the clipped mass, is non-zero).
+    """
     counts = counts.astype(np.float64)
     window = counts[left:right].copy()
     W = right - left
@@ -24,11 +28,9 @@ def kl_divergence(counts: np.ndarray, left: int, right: int, L: int) -> float:
     p[0] += counts[:left].sum()
     p[-1] += counts[right:].sum()
     group = (np.arange(W) * L) // W
-    q = np.zeros(W)
-    for g in range(L):
-        members = (group == g) & (window > 0)
-        if members.any():
-            q[members] = window[group == g].sum() / members.sum()
+    mass = np.bincount(group, weights=window, minlength=L)  # each group's in-window mass
+    members = np.bincount(group, weights=(p > 0), minlength=L)  # ... shared by its bins where p > 0
+    q = np.where(p > 0, mass[group] / np.maximum(members[group], 1), 0.0)
     P = p / p.sum()
     Q = q / q.sum()
     nz = P > 0

@@ -1,0 +1,167 @@
+"""``qtool calibrate`` and ``rewrite-eval --calibration-method / --ranges`` end to end."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from qtool.cli import main
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+MODEL = SAMPLES / "digits_cnn.onnx"
+CALIB = SAMPLES / "calib.npz"
+
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="samples/digits_cnn.onnx not built yet")
+
+
+@pytest.fixture
+def work(tmp_path):
+    shutil.copy(MODEL, tmp_path / "model.onnx")
+    shutil.copy(CALIB, tmp_path / "calib.npz")
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def initializers(path):
+    model = onnx.load(str(path))
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_calibrate_writes_the_documented_layout(work):
+    out = work / "ranges.json"
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", out,
+                    "--method", "percentile", "--percentile", "99.9", "--batch-size", "32")
+    assert result.exit_code == 0, result.output
+    assert "calibrated 7 tensor(s)" in result.stdout and "percentile" in result.stdout
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "qtool.ranges" and doc["version"] == 1
+    assert doc["method"] == "percentile" and doc["options"] == {"percentile": 99.9, "num_bins": 2048}
+    assert doc["samples"] == 100 and doc["batches"] == 4 and doc["batch_size"] == 32
+    assert doc["quantization"]["activation_bits"] == 8
+    assert len(doc["tensors"]) == 7 and "input" in doc["tensors"]
+    for r in doc["tensors"].values():
+        assert r["min"] <= r["max"]
+
+
+@pytest.mark.parametrize("method", ["minmax", "ema", "percentile", "entropy", "mse"])
+def test_ranges_file_gives_the_same_model_as_calibrating_in_rewrite_eval(work, method):
+    ranges = work / "ranges.json"
+    assert invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", ranges,
+                  "--method", method).exit_code == 0
+    direct, via_file = work / "direct.onnx", work / "via_file.onnx"
+    r1 = invoke("rewrite-eval", work / "model.onnx", "-o", direct, "--calibration-data", work / "calib.npz",
+                "--calibration-method", method)
+    r2 = invoke("rewrite-eval", work / "model.onnx", "-o", via_file, "--ranges", ranges, "--json")
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    assert f"calibrated: 100 samples, 7 batches, {method}" in r1.stdout
+    assert json.loads(r2.stdout)["ranges_from"] == str(ranges)
+    a, b = initializers(direct), initializers(via_file)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def test_methods_give_different_ranges_and_options_reach_the_observers(work):
+    docs = {}
+    for args in (["--method", "minmax"], ["--method", "percentile", "--percentile", "99"],
+                 ["--method", "ema", "--ema-decay", "0.5"], ["--method", "entropy", "--num-bins", "1024"]):
+        out = work / f"{args[1]}.json"
+        assert invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", out, *args).exit_code == 0
+        docs[args[1]] = json.loads(out.read_text())
+    relu = "/Relu_1_output_0"
+    assert docs["percentile"]["tensors"][relu]["max"] < docs["minmax"]["tensors"][relu]["max"]
+    assert docs["ema"]["options"] == {"ema_decay": 0.5}
+    assert docs["entropy"]["options"]["num_bins"] == 1024
+
+
+def test_onnxruntime_calibration_cache_is_read(work):
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData, save_tensors_data
+
+    ours = work / "ranges.json"
+    assert invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", ours).exit_code == 0
+    tensors = json.loads(ours.read_text())["tensors"]
+    cache = TensorsData(CalibrationMethod.MinMax,
+                        {k: (np.float32(v["min"]), np.float32(v["max"])) for k, v in tensors.items()})
+    save_tensors_data(cache, work / "ort_cache.json")
+    r1 = invoke("rewrite-eval", work / "model.onnx", "-o", work / "a.onnx", "--ranges", ours)
+    r2 = invoke("rewrite-eval", work / "model.onnx", "-o", work / "b.onnx", "--ranges", work / "ort_cache.json")
+    assert r1.exit_code == 0 and r2.exit_code == 0, r2.output
+    a, b = initializers(work / "a.onnx"), initializers(work / "b.onnx")
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+    plain = work / "calibration.json"  # write_calibration_table's plain {name: {lowest, highest}}
+    plain.write_text(json.dumps({k: {"lowest": v["min"], "highest": v["max"], "CLS": "TensorData"}
+                                 for k, v in tensors.items()}))
+    assert invoke("rewrite-eval", work / "model.onnx", "-o", work / "c.onnx", "--ranges", plain).exit_code == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "entropy", "--num-bins", "512"], "needs --num-bins >= 1024"),
+    (["--method", "entropy", "--activation-bits", "10", "--num-bins", "2048"], "needs --num-bins >= 4096"),
+])
+def test_bad_method_options_fail_before_running(work, args, message):
+    out = work / "ranges.json"
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", out, *args)
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_data_that_does_not_fit_is_one_clear_line_and_no_file(work):
+    bad = work / "bad.npz"
+    np.savez(bad, input=np.zeros((4, 1, 9, 8), np.float32))
+    out = work / "ranges.json"
+    result = invoke("calibrate", work / "model.onnx", "--data", bad, "-o", out)
+    assert result.exit_code == 2
+    assert "expected shape [?, 1, 8, 8]" in result.stderr or "dimension 2 is 9" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "missing.npz", "-o", out)
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", work / "no" / "r.json")
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", work / "model.onnx")
+    assert result.exit_code == 2 and "is the input model" in result.stderr
+
+
+def test_bad_ranges_files(work):
+    out = work / "q.onnx"
+    cases = {
+        "missing.json": None,
+        "notjson.json": "{",
+        "other.json": json.dumps({"format": "qtool.ranges", "version": 1, "tensors": {"x": {"min": 0, "max": 1}}}),
+        "reversed.json": json.dumps({"format": "qtool.ranges", "version": 1, "tensors": {"x": {"min": 2, "max": 1}}}),
+        "future.json": json.dumps({"format": "qtool.ranges", "version": 9, "tensors": {}}),
+        "foreign.json": json.dumps({"a": [1, 2]}),
+    }
+    messages = {
+        "missing.json": "does not exist",
+        "notjson.json": "cannot read ranges file",
+        "other.json": "has no range for tensor",
+        "reversed.json": "min 2.0 is larger than max 1.0",
+        "future.json": "version 9 is not supported",
+        "foreign.json": "not a qtool ranges file",
+    }
+    for name, text in cases.items():
+        if text is not None:
+            (work / name).write_text(text)
+        result = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--ranges", work / name)
+        assert result.exit_code == 2, (name, result.output)
+        assert messages[name] in result.stderr, (name, result.stderr)
+        assert not out.exists()
+    both = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--ranges", work / "other.json",
+                  "--calibration-data", work / "calib.npz")
+    assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_calibrate_json_summary(work):
+    result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", work / "r.json",
+                    "--method", "mse", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["tensors"] == 7 and summary["method"] == "mse" and summary["warnings"] == []
