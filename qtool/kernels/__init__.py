@@ -15,3 +15,12 @@ from qtool.kernels.api import (  # noqa: F401
     quantize_codes,
 )
 from qtool.kernels.api import __all__  # noqa: F401
+from qtool.kernels.histogram import (  # noqa: F401,E402  (streaming range statistics for calibration)
+    Histogram,
+    entropy_range,
+    histogram,
+    mse_range,
+    percentile_range,
+)
+
+__all__ = [*__all__, "Histogram", "histogram", "percentile_range", "entropy_range", "mse_range"]
