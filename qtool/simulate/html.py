@@ -50,7 +50,7 @@ def _pyplot():
 
 def _png(fig, plt) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
@@ -69,7 +69,7 @@ def _finite_db(v, cap: float = 150.0) -> float | None:
 
 def _bar_plot(plt, labels: list[str], values: list, title: str, color: str) -> str:
     n = len(labels)
-    fig, ax = plt.subplots(figsize=(8, max(1.6, 0.28 * n + 0.9)))
+    fig, ax = plt.subplots(figsize=(9, max(1.8, 0.28 * n + 1.0)), layout="constrained")
     vals = [_finite_db(v) for v in values]
     shown = [0.0 if v is None else v for v in vals]
     ax.barh(range(n), shown, color=color)
@@ -90,8 +90,8 @@ def _histogram_plot(plt, entry: dict) -> str:
     counts = h["counts"]
     n = len(counts)
     width = (hi - lo) / n
-    fig, ax = plt.subplots(figsize=(4.6, 2.6))
-    ax.bar([lo + (i + 0.5) * width for i in range(n)], counts, width=width, color="#4c72b0")
+    fig, ax = plt.subplots(figsize=(4.8, 2.9), layout="constrained")
+    ax.stairs(counts, [lo + i * width for i in range(n + 1)], fill=True, color="#4c72b0")
     q_lo, q_hi = entry["quantizer_range"]
     ax.axvline(q_lo, color="#c44e52", lw=1.2, ls="--")
     ax.axvline(q_hi, color="#c44e52", lw=1.2, ls="--", label="quantizer range")
@@ -122,7 +122,7 @@ def _heatmap(plt, report: dict) -> str | None:
     grid = [[None] * len(abs_) for _ in wbs]
     for m in models:
         grid[wbs.index(m["weight_bits"])][abs_.index(m["activation_bits"])] = m[key]
-    fig, ax = plt.subplots(figsize=(1.2 * len(abs_) + 2.5, 0.8 * len(wbs) + 1.5))
+    fig, ax = plt.subplots(figsize=(1.2 * len(abs_) + 2.5, 0.8 * len(wbs) + 1.5), layout="constrained")
     data = [[float("nan") if v is None else v * 100 for v in row] for row in grid]
     im = ax.imshow(data, cmap="RdYlGn", aspect="auto")
     for i, row in enumerate(grid):

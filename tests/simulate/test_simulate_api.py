@@ -1,0 +1,171 @@
+"""``qtool.simulate`` on the sample model: exact accuracies, infinite self-SQNR, bit widths, sensitivity, bad input."""
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from sim_helpers import CALIB, DAMAGED_LAYER, EVAL, MODEL, ort_outputs
+
+import qtool
+from qtool.errors import QtoolError
+
+
+@pytest.fixture(scope="module")
+def report_q8(q8):
+    return qtool.simulate(MODEL, EVAL, labels="labels", quantized=[q8]).report
+
+
+def test_accuracies_equal_a_direct_onnxruntime_computation(report_q8, q8, eval_data):
+    x, y = eval_data["input"], eval_data["labels"]
+    f = ort_outputs(MODEL, x)
+    q = ort_outputs(q8, x)
+    assert report_q8["float"]["accuracy"] == np.mean(np.argmax(f, axis=1) == y)
+    assert report_q8["float"]["correct"] == int(np.sum(np.argmax(f, axis=1) == y))
+    (m,) = report_q8["models"]
+    assert m["accuracy"] == np.mean(np.argmax(q, axis=1) == y)
+    assert m["agreement"] == np.mean(np.argmax(q, axis=1) == np.argmax(f, axis=1))
+    f64, q64 = f.astype(np.float64), q.astype(np.float64)
+    err = f64 - q64
+    assert m["output"]["sqnr_db"] == pytest.approx(10 * math.log10(np.sum(f64**2) / np.sum(err**2)), rel=1e-12)
+    assert m["output"]["max_abs_error"] == np.max(np.abs(err))
+    assert m["output"]["mean_abs_error"] == pytest.approx(np.mean(np.abs(err)), rel=1e-12)
+    cos = np.sum(f64 * q64) / math.sqrt(np.sum(f64**2) * np.sum(q64**2))
+    assert m["output"]["cosine"] == pytest.approx(cos, rel=1e-12)
+
+
+def test_every_quantizer_of_the_sample_is_compared_with_its_float_tensor(report_q8):
+    (m,) = report_q8["models"]
+    assert m["unmatched_activations"] == []
+    by_quantizer = {a["quantizer"]: a for a in m["activations"]}
+    assert len(by_quantizer) == 9  # 7 activations + 2 propagated input quantizers
+    # the folded layer's output holds the batch norm's value: it is compared with the float BN output
+    assert by_quantizer["Conv_3/conv_quant"]["float_tensor"] == "/block/bn_pw/BatchNormalization_output_0"
+    assert by_quantizer["Gemm_0/act_quant"]["float_tensor"] == "logits"
+    assert by_quantizer["input/input_quant"]["float_tensor"] == "input"
+    for a in m["activations"]:
+        assert 20 < a["sqnr_db"] < 80, a
+    sq = [a["sqnr_db"] for a in m["activations"]]
+    assert sq == sorted(sq)  # worst first
+    assert len(m["weights"]) == 10 and all(w["sqnr_db"] > 40 for w in m["weights"])
+
+
+def test_sqnr_of_a_tensor_with_itself_is_infinite(tmp_path):
+    # the float model compared with itself: every output value identical
+    res = qtool.simulate(MODEL, EVAL, labels="labels", quantized=[MODEL])
+    (m,) = res.report["models"]
+    assert m["output"]["sqnr_db"] == math.inf
+    assert m["output"]["max_abs_error"] == 0.0 and m["output"]["cosine"] == 1.0
+    assert m["agreement"] == 1.0 and m["accuracy"] == res.report["float"]["accuracy"]
+    res.write_json(tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["models"][0]["output"]["sqnr_db"] == "inf"
+    assert "inf" in res.format_text()
+
+
+def test_sixteen_bits_give_higher_sqnr_everywhere_than_eight():
+    # in-memory quantized models (onnx_ir) through the same path as files
+    w8a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB).model
+    w8a16 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, activation_bits=16).model
+    w16a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, weight_bits=16).model
+    rep = qtool.simulate(MODEL, EVAL, labels="labels", quantized=[w8a8, w8a16, w16a8]).report
+    m8, a16, w16 = rep["models"]
+    acts8 = {a["quantizer"]: a["sqnr_db"] for a in m8["activations"]}
+    acts16 = {a["quantizer"]: a["sqnr_db"] for a in a16["activations"]}
+    assert acts8.keys() == acts16.keys() and len(acts8) == 9
+    for name in acts8:
+        assert acts16[name] > acts8[name], name
+    weights8 = {(w["layer"], w["role"]): w["sqnr_db"] for w in m8["weights"] if w["role"] == "weight"}
+    weights16 = {(w["layer"], w["role"]): w["sqnr_db"] for w in w16["weights"] if w["role"] == "weight"}
+    assert weights8.keys() == weights16.keys() and len(weights8) == 5
+    for name in weights8:
+        assert weights16[name] > weights8[name] + 30, name
+    for m in (a16, w16):
+        assert m["output"]["sqnr_db"] > m8["output"]["sqnr_db"]
+
+
+def test_sensitivity_ranks_the_damaged_layer_first(q_damaged):
+    rep = qtool.simulate(MODEL, EVAL, labels="labels", quantized=[q_damaged], sensitivity=True).report
+    (m,) = rep["models"]
+    sens = m["sensitivity"]
+    assert [s["layer"] for s in sens][0] == DAMAGED_LAYER
+    assert {s["layer"] for s in sens} == {"Conv_0", "Conv_1", "Conv_2", "Conv_3", "Gemm_0"}
+    assert sens[0]["sqnr_db"] < sens[1]["sqnr_db"] - 5
+    # its weight is the worst weight too
+    assert m["weights"][0]["layer"] == DAMAGED_LAYER
+
+
+def test_what_if_table_calibrated_on_the_data_says_so():
+    rep = qtool.simulate(MODEL, EVAL, labels="labels", weight_bits="4,8").report
+    assert [m["name"] for m in rep["models"]] == ["W4A8", "W8A8"]
+    assert rep["calibration"]["on_evaluation_data"] is True
+    assert any("calibrated on the evaluation data itself" in n for n in rep["notes"])
+    w4, w8 = rep["models"]
+    assert w4["output"]["sqnr_db"] < w8["output"]["sqnr_db"]
+
+
+def test_without_labels_agreement_only(q8):
+    rep = qtool.simulate(MODEL, EVAL, quantized=[q8]).report
+    assert rep["float"]["accuracy"] is None and rep["models"][0]["accuracy"] is None
+    assert 0.9 < rep["models"][0]["agreement"] <= 1.0
+
+
+# --- bad input: one clear QtoolError ------------------------------------------------------------------
+
+
+def test_labels_missing(q8):
+    with pytest.raises(QtoolError, match="no labels array 'nope'"):
+        qtool.simulate(MODEL, EVAL, labels="nope", quantized=[q8])
+
+
+def test_labels_of_the_wrong_length(q8, eval_data):
+    data = {"input": eval_data["input"], "labels": eval_data["labels"][:-3]}
+    with pytest.raises(QtoolError, match="hold 497 class ids but the data has 500 samples"):
+        qtool.simulate(MODEL, data, labels="labels", quantized=[q8])
+
+
+def test_labels_out_of_range(q8, eval_data):
+    data = {"input": eval_data["input"][:20], "labels": np.full(20, 10)}
+    with pytest.raises(QtoolError, match="class id 10, but output 'logits' has 10 classes"):
+        qtool.simulate(MODEL, data, labels="labels", quantized=[q8])
+
+
+def test_labels_not_integers(q8, eval_data):
+    data = {"input": eval_data["input"][:20], "labels": np.zeros(20, np.float32)}
+    with pytest.raises(QtoolError, match="integer class ids"):
+        qtool.simulate(MODEL, data, labels="labels", quantized=[q8])
+
+
+def test_unknown_output(q8):
+    with pytest.raises(QtoolError, match="has no output 'probs' \\(outputs: logits\\)"):
+        qtool.simulate(MODEL, EVAL, output="probs", quantized=[q8])
+
+
+def test_quantized_model_with_other_inputs(tmp_path, q8):
+    proto = onnx.load(str(q8))
+    old = proto.graph.input[0].name
+    proto.graph.input[0].name = "image"
+    for node in proto.graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = "image"
+    onnx.save(proto, str(tmp_path / "renamed.onnx"))
+    with pytest.raises(QtoolError, match="has inputs \\['image'\\], the float model has \\['input'\\]"):
+        qtool.simulate(MODEL, EVAL, quantized=[tmp_path / "renamed.onnx"])
+
+
+def test_data_that_does_not_fit_the_model(q8):
+    data = {"input": np.zeros((4, 1, 7, 7), np.float32)}
+    with pytest.raises(QtoolError, match="dimension 2 is 7, the model needs 8"):
+        qtool.simulate(MODEL, data, quantized=[q8])
+
+
+def test_calibration_data_with_quantized_models_is_refused(q8):
+    with pytest.raises(QtoolError, match="--calibration-data is for the what-if table"):
+        qtool.simulate(MODEL, EVAL, quantized=[q8], calibration_data=CALIB)
+
+
+def test_bad_bit_widths():
+    with pytest.raises(QtoolError, match="from 2 to 16"):
+        qtool.simulate(MODEL, EVAL, weight_bits="8,32")
