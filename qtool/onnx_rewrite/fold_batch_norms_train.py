@@ -66,6 +66,7 @@ class TrainFold:
     prefix: str
     state: dict[str, str] = field(default_factory=dict)  # role -> state initializer name
     record: dict = field(default_factory=dict)  # for metadata: how to restore the float graph
+    updates: dict[str, ir.Value] = field(default_factory=dict)  # state name -> its updated value
 
 
 def train_fold_reason(match: Match, rule: FoldBatchNorm) -> str | None:
@@ -296,10 +297,9 @@ class TrainFolder:
         result.shape = shape
         result.dtype = dtype or ir.DataType.FLOAT
         remove_if_unused(self.graph, old_nodes, old_values)
-        fold = TrainFold(bn.name, layer, bn_name, w_fold, prefix, record=record)
-        fold.state = {
-            "moving_mean": mean_mv.name,
-            "moving_variance": var_mv.name,
-        }
-        fold.updates = {mean_mv.name: new_mean, var_mv.name: new_var}
-        return fold
+        return TrainFold(
+            bn.name, layer, bn_name, w_fold, prefix,
+            state={"moving_mean": mean_mv.name, "moving_variance": var_mv.name},
+            record=record,
+            updates={mean_mv.name: new_mean, var_mv.name: new_var},
+        )

@@ -78,7 +78,7 @@ class TrainEncoding:
     left_in_float: list[dict] = field(default_factory=list)
 
 
-def _scalar_bool_output(ops: Ops, step: ir.Value, delay: int, base: str) -> ir.Value:
+def step_at_least(ops: Ops, step: ir.Value, delay: int, base: str) -> ir.Value:
     c = ops.const(f"{base}/delay", np.asarray(delay, np.int64), np.int64)
     return ops.op("GreaterOrEqual", [step, c], base, dtype=ir.DataType.BOOL, shape=[])
 
@@ -89,7 +89,7 @@ class TrainEncoder:
         self.ops = ops
         self.config = config
         self.step = step
-        self.active = _scalar_bool_output(ops, step, quant_delay, f"{SHARED_PREFIX}/activate_quant") \
+        self.active = step_at_least(ops, step, quant_delay, f"{SHARED_PREFIX}/activate_quant") \
             if quant_delay > 0 else None
         self.result = TrainEncoding()
         self.updates: dict[str, ir.Value] = {}  # state name -> value of its update
@@ -304,7 +304,7 @@ def fold_end(graph: ir.Graph, record, by_name=None) -> ir.Value | None:
     return adds[0].outputs[0] if len(adds) == 1 else None
 
 
-def _values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
+def values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
     values = {v.name: v for v in graph.inputs if v.name}
     values.update({name: v for name, v in graph.initializers.items()})
     for node in graph:
@@ -337,7 +337,7 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
 
 def _strip(model: ir.Model, contract: dict) -> TrainedState:
     graph = model.graph
-    values = _values_by_name(graph)
+    values = values_by_name(graph)
     prefixes = {SHARED_PREFIX}
 
     def value(name: str) -> ir.Value:
@@ -362,7 +362,7 @@ def _strip(model: ir.Model, contract: dict) -> TrainedState:
             inp.name = q["tensor"]
     # batch norms: the layer with its own inputs, [the bias Add], BatchNormalization(moving stats)
     bn_outputs = {}
-    values = _values_by_name(graph)
+    values = values_by_name(graph)
     for b in contract["batch_norms"]:
         prefixes.add(b["prefix"])
         layer = next((n for n in graph if n.name == b["layer"]), None)

@@ -252,7 +252,7 @@ def rewrite_train(
     graph.inputs.append(step)
     frozen = None
     if freeze_bn_delay is not None:
-        frozen = tg._scalar_bool_output(ops, step, freeze_bn_delay, f"{tg.SHARED_PREFIX}/use_moving_average")
+        frozen = tg.step_at_least(ops, step, freeze_bn_delay, f"{tg.SHARED_PREFIX}/use_moving_average")
     params: set[str] = set()
     folder = TrainFolder(graph, ops, frozen)
     folds = []
@@ -295,7 +295,7 @@ def rewrite_train(
             src = constant_source(v)
             if src is not None and src.root.is_initializer() and src.root.const_value.dtype == ir.DataType.FLOAT:
                 params.add(src.root.name)
-    values = tg._values_by_name(graph)
+    values = tg.values_by_name(graph)
     for point in plan.new_activations():
         name = aliases.get(point.value.name, point.value.name)
         value = values.get(name)
