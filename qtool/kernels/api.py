@@ -57,7 +57,12 @@ _cuda_module = None
 
 def _is_device_array(obj) -> bool:
     """A numba device array or any object with ``__cuda_array_interface__`` (CuPy, PyTorch CUDA tensors)."""
-    return getattr(obj, "__cuda_ndarray__", False) is True or hasattr(obj, "__cuda_array_interface__")
+    if getattr(obj, "__cuda_ndarray__", False) is True:
+        return True
+    try:
+        return hasattr(obj, "__cuda_array_interface__")
+    except Exception:  # noqa: BLE001 - GPU data that refuses to export itself (a PyTorch tensor that
+        return True  # requires grad): the CUDA path reports the library's own message
 
 
 def _load_cuda():
@@ -172,11 +177,17 @@ class _CudaBackend:
 _HOST = _HostBackend()
 
 
+_cuda_ready = False
+
+
 def _cuda_backend() -> _CudaBackend:
+    global _cuda_ready
     cu = _load_cuda()
-    ok, why = cu.available()
-    if not ok:
-        raise CudaUnavailableError(f"CUDA was requested but no CUDA GPU is available: {why}")
+    if not _cuda_ready:  # checked until it succeeds once (a GPU does not go away)
+        ok, why = cu.available()
+        if not ok:
+            raise CudaUnavailableError(f"CUDA was requested but no CUDA GPU is available: {why}")
+        _cuda_ready = True
     return _CudaBackend(cu)
 
 

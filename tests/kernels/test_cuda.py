@@ -159,3 +159,13 @@ def test_small_launches_do_not_warn_about_occupancy():
         first = qcuda._launch(qcuda.fill, 3, qcuda.TPB)
         assert qcuda._launch(qcuda.fill, 3, qcuda.TPB) is first  # configured once
         qcuda._launch(qcuda.minmax_fix_scalar, 1, 1)
+
+
+def test_gpu_objects_that_refuse_the_interface_still_count_as_gpu_data():
+    class RequiresGrad:  # PyTorch raises RuntimeError for a CUDA tensor that requires grad
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    assert api._is_device_array(RequiresGrad())
+    assert not api._is_device_array(X) and not api._is_device_array([1.0])
