@@ -18,9 +18,9 @@ from qtool.kernels.api import __all__  # noqa: F401
 from qtool.kernels.histogram import (  # noqa: F401,E402  (streaming range statistics for calibration)
     Histogram,
     entropy_range,
-    histogram,
     mse_range,
     percentile_range,
 )
 
-__all__ = [*__all__, "Histogram", "histogram", "percentile_range", "entropy_range", "mse_range"]
+# (the function ``histogram.histogram`` stays in its module: exported, it would hide the module)
+__all__ = [*__all__, "Histogram", "percentile_range", "entropy_range", "mse_range"]

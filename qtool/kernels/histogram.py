@@ -1,11 +1,14 @@
 """Streaming range statistics: exact mergeable histograms, percentile, entropy, MSE.
 
 One pass per batch
-    ``Histogram.update(x)`` reads each batch once (in parallel chunks of
-    ``CHUNK`` values): a chunk's finite min/max is taken, and while the chunk
-    is still in cache it is counted into the running histogram. Only chunks
-    that fall outside the running histogram's window (the first batch, or a
-    batch that widens the range) are read a second time, after re-binning.
+    ``Histogram.update(x)`` reads each batch once, in parallel chunks of
+    ``CHUNK`` values, in one loop: finite min/max, exact zeros, and the bin of
+    every value the running histogram's window can hold. Counts go to
+    ``LANES`` interleaved sub-histograms, so a tensor with many equal values
+    (a Relu's zeros) does not serialise on one counter. Only chunks holding
+    values outside the window (the first batch, or a batch that widens the
+    range) are read again, after re-binning, and then only those values are
+    counted.
 
 Exact re-binning (no mass lost, no interpolation)
     Bins have a power-of-two width ``w = 2**e`` and edges at integer multiples
@@ -114,12 +117,6 @@ _jit = dict(cache=True, error_model="numpy")
 
 # --- grid ---------------------------------------------------------------------------
 @njit(**_jit)
-def _fits(lo, hi, e, k_lo, nslots):
-    s = math.ldexp(1.0, -e)
-    return math.floor(lo * s) >= k_lo and math.floor(hi * s) <= k_lo + nslots - 1
-
-
-@njit(**_jit)
 def grid_for(lo, hi, nslots):
     """``(e, k_lo)``: the smallest power-of-two bin width holding ``[lo, hi]`` in ``nslots`` bins."""
     mag = max(abs(lo), abs(hi))
@@ -152,85 +149,109 @@ def rebin(counts, e_old, k_old, e_new, k_new):
 
 
 # --- one pass per batch -------------------------------------------------------------
+LANES = 4  # interleaved sub-histograms: repeated values do not serialise on one counter
+
+
 @njit(**_jit)
-def _chunk_minmax(xs):
+def _scan(xs, sub, s, k_lo, have_grid):
+    """One read of a chunk: finite min/max, exact zeros, and counts into the grid ``(s = 2**-e, k_lo)``.
+
+    Returns ``(lo, hi, finite, zeros, outside)``: ``outside`` counts finite
+    values the grid cannot hold (all of them without a grid); those are left
+    for ``_scan_outside`` once the grid has grown. The loop has no
+    data-dependent branch but the (rare) out-of-window one.
+    """
+    nslots = sub.shape[1]
     lo = np.inf
     hi = -np.inf
-    n = 0
+    nfin = 0
+    zeros = 0
+    outside = 0
     for i in range(xs.size):
         v = np.float64(xs[i])
         if abs(v) < np.inf:  # finite (NaN compares false)
-            n += 1
+            nfin += 1
             lo = v if v < lo else lo
             hi = v if v > hi else hi
-    return lo, hi, n
+            zeros += v == 0.0
+            if have_grid:
+                k = np.int64(math.floor(v * s)) - k_lo
+                if 0 <= k < nslots:
+                    sub[i & (LANES - 1), k] += 1
+                else:
+                    outside += 1
+    if not have_grid:
+        outside = nfin
+    return lo, hi, nfin, zeros, outside
 
 
 @njit(**_jit)
-def _count(xs, out, s, k_lo):
-    """Count ``xs`` into ``out``; returns the number of exact zeros."""
-    z = 0
+def _scan_outside(xs, sub, s, k_lo, s_old, k_old, have_old):
+    """Count the finite values of a chunk that the old grid could not hold into the new grid."""
+    nslots = sub.shape[1]
     for i in range(xs.size):
         v = np.float64(xs[i])
         if abs(v) < np.inf:
-            out[np.int64(math.floor(v * s)) - k_lo] += 1
-            z += v == 0.0
-    return z
+            if have_old:
+                k = np.int64(math.floor(v * s_old)) - k_old
+                if 0 <= k < nslots:
+                    continue  # counted by _scan, then re-binned
+            sub[i & (LANES - 1), np.int64(math.floor(v * s)) - k_lo] += 1
+
+
+@njit(**_jit)
+def _fold(counts, part):
+    """Add the per-block, per-lane counts into ``counts``."""
+    for b in range(part.shape[0]):
+        for lane in range(LANES):
+            for j in range(counts.size):
+                counts[j] += part[b, lane, j]
 
 
 @njit(parallel=True, **_jit)
 def hist_pass(x, counts, e, k_lo, have_grid, nblocks):
-    """Min/max of every chunk, and the counts of the chunks that fit the current grid.
+    """Scan every chunk once: finite min/max, and counts of what fits the current grid.
 
-    Adds to ``counts`` in place. Returns ``(chunk_min, chunk_max, fitted, finite, zeros)``:
-    per-chunk finite min/max, whether each chunk was counted, the number of
-    finite values in the whole batch and of exact zeros in the counted chunks.
+    Adds to ``counts`` in place. Returns ``(lo, hi, finite, zeros, outside_chunks)``:
+    the batch's finite min/max, its number of finite values and exact zeros,
+    and a per-chunk flag of chunks holding values the grid could not take.
     """
     n = x.size
     nslots = counts.size
     nchunks = (n + CHUNK - 1) // CHUNK
-    cmin = np.empty(nchunks, np.float64)
-    cmax = np.empty(nchunks, np.float64)
-    fitted = np.zeros(nchunks, np.bool_)
+    cmin = np.full(nchunks, np.inf)
+    cmax = np.full(nchunks, -np.inf)
     nfin = np.zeros(nchunks, np.int64)
-    zeros = np.zeros(nchunks, np.int64)
-    part = np.zeros((nblocks, nslots), np.int64)
+    nzero = np.zeros(nchunks, np.int64)
+    outside = np.zeros(nchunks, np.bool_)
+    part = np.zeros((nblocks, LANES, nslots), np.int64)
     s = math.ldexp(1.0, -e)
     for b in prange(nblocks):
         for c in range(b * nchunks // nblocks, (b + 1) * nchunks // nblocks):
-            xs = x[c * CHUNK : min(n, (c + 1) * CHUNK)]
-            lo, hi, m = _chunk_minmax(xs)
+            lo, hi, m, z, out = _scan(x[c * CHUNK : min(n, (c + 1) * CHUNK)], part[b], s, k_lo, have_grid)
             cmin[c] = lo
             cmax[c] = hi
             nfin[c] = m
-            if m == 0:
-                fitted[c] = True
-            elif have_grid and _fits(lo, hi, e, k_lo, nslots):
-                zeros[c] = _count(xs, part[b], s, k_lo)
-                fitted[c] = True
-    for b in range(nblocks):
-        for j in range(nslots):
-            counts[j] += part[b, j]
-    return cmin, cmax, fitted, nfin.sum(), zeros.sum()
+            nzero[c] = z
+            outside[c] = out > 0
+    _fold(counts, part)
+    return cmin.min(), cmax.max(), nfin.sum(), nzero.sum(), outside
 
 
 @njit(parallel=True, **_jit)
-def hist_chunks(x, counts, e, k_lo, fitted, nblocks):
-    """Count the chunks not yet ``fitted`` into ``counts`` (grid ``(e, k_lo)`` holds them); returns the zeros."""
+def hist_outside(x, counts, e, k_lo, e_old, k_old, have_old, outside, nblocks):
+    """Count the values of the flagged chunks that the old grid ``(e_old, k_old)`` could not hold."""
     n = x.size
     nslots = counts.size
-    nchunks = fitted.size
-    part = np.zeros((nblocks, nslots), np.int64)
-    zeros = np.zeros(nblocks, np.int64)
+    nchunks = outside.size
+    part = np.zeros((nblocks, LANES, nslots), np.int64)
     s = math.ldexp(1.0, -e)
+    s_old = math.ldexp(1.0, -e_old)
     for b in prange(nblocks):
         for c in range(b * nchunks // nblocks, (b + 1) * nchunks // nblocks):
-            if not fitted[c]:
-                zeros[b] += _count(x[c * CHUNK : min(n, (c + 1) * CHUNK)], part[b], s, k_lo)
-    for b in range(nblocks):
-        for j in range(nslots):
-            counts[j] += part[b, j]
-    return zeros.sum()
+            if outside[c]:
+                _scan_outside(x[c * CHUNK : min(n, (c + 1) * CHUNK)], part[b], s, k_lo, s_old, k_old, have_old)
+    _fold(counts, part)
 
 
 class Histogram:
@@ -265,15 +286,16 @@ class Histogram:
             return self
         nblocks = max(1, min(get_num_threads(), -(-x.size // CHUNK)))
         have = self.total > 0
-        cmin, cmax, fitted, nfin, zeros = hist_pass(x, self.counts, np.int64(self.e), np.int64(self.k_lo), have, nblocks)
+        e_old, k_old = self.e, self.k_lo
+        lo, hi, nfin, zeros, outside = hist_pass(x, self.counts, np.int64(e_old), np.int64(k_old), have, nblocks)
         self.nonfinite += int(x.size - nfin)
         if nfin == 0:
             return self
-        lo = min(self.min, float(cmin.min()))
-        hi = max(self.max, float(cmax.max()))
-        if not fitted.all():
-            self._regrid(lo, hi)
-            zeros += hist_chunks(x, self.counts, np.int64(self.e), np.int64(self.k_lo), fitted, nblocks)
+        lo, hi = min(self.min, float(lo)), max(self.max, float(hi))
+        if outside.any():
+            self._regrid(lo, hi)  # counts so far move to the grown grid, exactly
+            hist_outside(x, self.counts, np.int64(self.e), np.int64(self.k_lo), np.int64(e_old), np.int64(k_old),
+                         have, outside, nblocks)
         self.zeros += int(zeros)
         self.min, self.max = lo, hi
         self.total += int(nfin)
