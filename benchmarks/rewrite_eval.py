@@ -11,7 +11,8 @@ then times, as whole processes in the same run:
 
 Each tool runs ``--repeats`` times (alternating); the median wall time and
 the peak resident memory (``ru_maxrss`` of the process) are reported with
-the ratios qtool / onnxruntime. qtool runs once before timing so that numba's
+the ratios qtool / onnxruntime, with the CPU time (user + sys), which other
+work on a shared machine disturbs less than wall time. qtool runs once before timing so that numba's
 on-disk cache is warm, as for any second use of the CLI.
 
     python benchmarks/rewrite_eval.py [--repeats 3] [--samples 16] [--keep DIR]
@@ -40,8 +41,9 @@ _WRAPPER = textwrap.dedent(
     t = time.perf_counter()
     proc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"rc": proc.returncode, "wall": wall, "rss_kib": rss, "stderr": proc.stderr[-2000:]}))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"rc": proc.returncode, "wall": wall, "cpu": usage.ru_utime + usage.ru_stime,
+                      "rss_kib": usage.ru_maxrss, "stderr": proc.stderr[-2000:]}))
     """
 )
 
@@ -176,7 +178,7 @@ def main() -> None:
             f.write(_ORT_SCRIPT)
 
         qtool_cmd = [sys.executable, "-m", "qtool", "rewrite-eval", model, "-o", os.path.join(work, "q_qtool.onnx"),
-                     "--calibration-data", calib, "--batch-size", str(args.samples)]
+                     "--calibration-data", calib]  # default batch size (16)
         ort_cmd = [sys.executable, ort_script, model, os.path.join(work, "pre.onnx"),
                    os.path.join(work, "q_ort.onnx"), calib]
         measure(qtool_cmd)  # warm numba's cache
@@ -187,16 +189,20 @@ def main() -> None:
 
         def summary(name):
             walls = [r["wall"] for r in runs[name]]
+            cpus = [r["cpu"] for r in runs[name]]
             rss = max(r["rss_kib"] for r in runs[name]) / 1024
-            return statistics.median(walls), min(walls), rss
+            return statistics.median(walls), min(walls), statistics.median(cpus), rss
 
-        q_wall, q_best, q_rss = summary("qtool")
-        o_wall, o_best, o_rss = summary("onnxruntime")
-        print(f"{'':14}{'median s':>10}{'best s':>10}{'peak MiB':>10}")
-        print(f"{'qtool':14}{q_wall:10.2f}{q_best:10.2f}{q_rss:10.0f}")
-        print(f"{'onnxruntime':14}{o_wall:10.2f}{o_best:10.2f}{o_rss:10.0f}")
-        print(f"time ratio qtool/onnxruntime:   {q_wall / o_wall:.3f}  (goal <= 0.25)")
+        q_wall, q_best, q_cpu, q_rss = summary("qtool")
+        o_wall, o_best, o_cpu, o_rss = summary("onnxruntime")
+        print(f"{'':14}{'median s':>10}{'best s':>10}{'cpu s':>10}{'peak MiB':>10}")
+        print(f"{'qtool':14}{q_wall:10.2f}{q_best:10.2f}{q_cpu:10.2f}{q_rss:10.0f}")
+        print(f"{'onnxruntime':14}{o_wall:10.2f}{o_best:10.2f}{o_cpu:10.2f}{o_rss:10.0f}")
+        print(f"time ratio qtool/onnxruntime:   {q_wall / o_wall:.3f} median, {q_best / o_best:.3f} best, "
+              f"{q_cpu / o_cpu:.3f} cpu  (goal <= 0.25)")
         print(f"memory ratio qtool/onnxruntime: {q_rss / o_rss:.3f}  (goal <= 1.0)")
+        if os.getloadavg()[0] > (os.cpu_count() or 1):
+            print(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: other work shares the machine")
         for name in ("q_qtool.onnx", "q_ort.onnx"):
             print(f"{name}: {os.path.getsize(os.path.join(work, name)) / 1e6:.1f} MB")
     finally:
