@@ -60,15 +60,12 @@ def fmax(a, b):
 
 # --- FakeQuant (kernels.md section 1) ----------------------------------------
 def round_half_away(v):
-    """``std::round``: nearest integer, halves away from zero, exact for all floats."""
-    r = floor(v)
-    d = sub(v, r)  # exact: v and floor(v) share the exponent range
-    if v >= F32_ZERO:
-        if d >= F32_HALF:
-            r = add(r, F32_ONE)
-    elif d > F32_HALF:
+    """``std::round``: nearest integer, halves away from zero, exact, sign of zero kept."""
+    a = -v if v < F32_ZERO else v
+    r = floor(a)
+    if sub(a, r) >= F32_HALF:  # exact: a and floor(a) share the exponent range
         r = add(r, F32_ONE)
-    return r
+    return -r if v < F32_ZERO else r
 
 
 def nudge(min_, max_, qminf, qmaxf):

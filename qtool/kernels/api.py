@@ -472,11 +472,14 @@ def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None, *, de
     such that ``(q - zero_point) * scale`` equals, bit for bit, the fake-quant
     output (``fake_quant_with_min_max_vars`` when ``axis`` is None,
     the per-channel kernel along ``axis`` otherwise; ``zero_point`` and
-    ``scale`` from :func:`nudged_range`).
+    ``scale`` from :func:`nudged_range`). NaN has no code: a host array with
+    NaN is an error (device arrays are not scanned for it).
     """
     be = _backend(device, x=x)
     x = be.float32_tensor(x, "x")
     nb = _num_bits_fq(num_bits)
+    if isinstance(x, np.ndarray) and np.isnan(x).any():
+        raise ValueError(f"x contains NaN at index {np.argwhere(np.isnan(x))[0].tolist()}: NaN has no integer code")
     res = be.output(None, x.shape, np.int32)
     if axis is None:
         (nmin, nmax, scale, inv, zp, qz, _, _), zero = _vars_params(min, max, nb, narrow_range)

@@ -259,3 +259,22 @@ def test_large_tensors_take_the_parallel_paths():
     out = qtool.quantize_and_dequantize_v2(y, np.zeros(50_000), np.zeros(50_000), axis=1)
     for j in (0, 12345, 49_999):
         np.testing.assert_array_equal(out[:, j, :], qtool.quantize_and_dequantize_v2(np.ascontiguousarray(y[:, j, :]), 0.0, 0.0))
+
+
+def test_quantize_codes_rejects_nan_and_clamps_inf():
+    with pytest.raises(ValueError, match=r"NaN at index \[1\]"):
+        qtool.quantize_codes(np.array([0.0, np.nan], f32), -1.0, 1.0)
+    q = qtool.quantize_codes(np.array([np.inf, -np.inf], f32), -1.0, 1.0)
+    np.testing.assert_array_equal(q, [255, 0])
+
+
+def test_round_half_away_keeps_the_sign_of_zero_like_std_round():
+    from qtool.kernels import cpu
+
+    nmin, nmax, scale, inv, zp, qz = cpu.nudge(f32(-1.0), f32(1.0), f32(0), f32(255))
+    assert zp == 127
+    from qtool.kernels._scalar import round_half_away
+
+    for v, want in [(-0.3, -0.0), (-0.5, -1.0), (-2.5, -3.0), (2.5, 3.0), (0.49999997, 0.0), (-0.0, -0.0), (1.5, 2.0)]:
+        got = round_half_away(f32(v))
+        assert got == want and np.signbit(got) == np.signbit(want), (v, got)
