@@ -6,9 +6,9 @@ samples in a temporary folder, then runs as separate processes, in the same
 run and alternating:
 
 - qtool:        ``qtool calibrate model.onnx --data calib.npz -o ranges.json
-                --method percentile|entropy --batch-size 4`` (streaming histograms)
+                --method percentile|entropy --batch-size 1`` (streaming histograms)
 - onnxruntime:  ``create_calibrator(..., CalibrationMethod.Percentile|Entropy)``,
-                ``collect_data`` over the same batches of 4, ``compute_data``
+                ``collect_data`` over the same batches of 1, ``compute_data``
                 (its defaults: percentile 99.999 over 2048 bins; entropy with
                 128 bins and 128 quantized bins)
 
@@ -19,7 +19,7 @@ qtool's peak memory at 64 samples <= 1.15x its own at 16 and below 1 GB.
 qtool runs once per method before timing so that numba's on-disk cache is
 warm, as for any second use of the CLI.
 
-    python benchmarks/calibration.py [--repeats 3] [--samples 16 64] [--batch-size 4] [--keep DIR]
+    python benchmarks/calibration.py [--repeats 3] [--samples 16 64] [--batch-size 1] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--methods", nargs="+", default=["percentile", "entropy"])
-    parser.add_argument("--batch-size", type=int, default=4,
+    parser.add_argument("--batch-size", type=int, default=1,
                         help="samples per inference batch, for both tools (qtool's memory is one batch's activations)")
     parser.add_argument("--keep", default=None, help="work in this folder and keep the files")
     args = parser.parse_args()

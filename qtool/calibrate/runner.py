@@ -90,6 +90,9 @@ def _session(model: ir.Model, output_values: list[ir.Value]):
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # no CPU arena: each batch's buffers go back to the system, so peak memory is one batch's
+    # activations (the arena keeps its high-water mark and grows with the batch size)
+    options.enable_cpu_mem_arena = False
     names = list(saved)
     arrays = [_array(saved[name]) for name in names]
     values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
