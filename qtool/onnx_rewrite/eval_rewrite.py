@@ -65,6 +65,22 @@ def _strip_training_graph(model, label: str):
     return strip_training_graph(model, label)
 
 
+class _Clock:
+    """Seconds spent in each step, for the summary's ``timings``."""
+
+    def __init__(self):
+        import time
+
+        self._time = time.perf_counter
+        self._last = self._time()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = self._time()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
+        self._last = now
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -148,6 +164,7 @@ def rewrite_eval(
         scope=scope or None,
         exclude=frozenset(exclude or ()),
     )
+    clock = _Clock()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise QtoolError(f"batch size must be a positive integer, got {batch_size!r}")
 
@@ -164,6 +181,7 @@ def rewrite_eval(
                 and _same_file(os.fspath(output), src_path):
             raise QtoolError(f"the output '{os.fspath(output)}' is the input model; use --in-place to replace it")
         loaded = load_model(src_path)
+        clock.lap("load")
         ir_model = loaded.model
         external_in = loaded.external_data
         label = src_path
@@ -207,6 +225,7 @@ def rewrite_eval(
         if target >= 21:
             why.append(f"{config.weight_bits}/{config.activation_bits}-bit integer types need")
         ir_model = convert_opset(ir_model, target, " and ".join(why) or "quantization needs")
+        clock.lap("opset")
     graph = ir_model.graph
 
     # --- rewrite --------------------------------------------------------------------------------
@@ -214,7 +233,9 @@ def rewrite_eval(
     check_exclude(graph, config.exclude)
     names = NameScope(graph)
     folds = fold_batch_norms(graph, names, exclude=config.exclude)
+    clock.lap("fold")
     plan = plan_quantization(graph, config)
+    clock.lap("plan")
 
     calibration = None
     ranges = None
@@ -237,7 +258,9 @@ def rewrite_eval(
         ranges = trained.ranges_after_fold(graph, folds)
 
     opset_out = default_opset(ir_model)
+    clock.lap("calibrate")
     encoding = encode_eval_graph(graph, plan, names, opset=opset_out, ranges=ranges)
+    clock.lap("encode")
     clamp_ir_version(ir_model)
 
     summary = _summary(
@@ -251,6 +274,8 @@ def rewrite_eval(
     if output is not None:
         data_file = save_model(ir_model, output, external_data=external_in)
         summary["external_data"] = data_file
+        clock.lap("save")
+    summary["timings"] = clock.laps
     return RewriteEvalResult(ir_model, summary)
 
 
