@@ -242,3 +242,21 @@ def test_opset_conversion_failure_is_a_clear_error():
     y = b.node("NoSuchOp", [b.conv(x, 3, 4)])
     with pytest.raises(QtoolError, match="cannot convert the model from opset 11 to 13"):
         rewrite_eval(b.proto([y]))
+
+
+def test_library_api_paths_and_conflicts(tmp_path):
+    import qtool
+
+    proto, feeds = small_model()
+    result = qtool.rewrite_eval(proto, calibration_data=feeds)  # in memory: nothing written
+    assert result.summary["output"] is None and os.listdir(tmp_path) == []
+    assert {"fold", "plan", "calibrate", "encode"} <= set(result.summary["timings"])
+    src = tmp_path / "m.onnx"
+    onnx.save(proto, src)
+    with pytest.raises(QtoolError, match="either an output path"):
+        rewrite_eval(str(src), str(tmp_path / "other.onnx"), in_place=True)
+    with pytest.raises(QtoolError, match="--in-place needs a model path"):
+        rewrite_eval(proto, in_place=True)
+    with pytest.raises(QtoolError, match="weight bits must be between 2 and 16"):
+        rewrite_eval(str(src), str(tmp_path / "o.onnx"), weight_bits=17)
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
