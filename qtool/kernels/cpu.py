@@ -166,22 +166,28 @@ def _grad_run_fast(gs, xs, os, lo, hi):
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc"})
-def _grad_row_fast(gs, xs, os, lo, hi, pmin, pmax):
-    """One row of a last-axis per-channel gradient (see ``_grad_run_fast``).
+def _grad_rows_fast(gs, xs, os, depth, lo, hi, pmin, pmax):
+    """Rows ``[rows, depth]`` of a last-axis per-channel gradient (see ``_grad_run_fast``).
 
-    Returns False when a sum is no longer finite (the caller redoes the sums).
+    Adds into the per-channel sums ``pmin``/``pmax``; returns False when a sum
+    is no longer finite (the caller then redoes the sums by selection).
     """
-    ok = True
-    for c in range(xs.size):
-        v = xs[c]
-        g = gs[c]
-        os[c] = masked(g, v, lo[c], hi[c])
-        gd = np.float64(g)
-        pmin[c] += gd * np.float64(v < lo[c])
-        pmax[c] += gd * np.float64(v > hi[c])
-    for c in range(xs.size):
-        ok = ok and np.isfinite(pmin[c]) and np.isfinite(pmax[c])
-    return ok
+    rows = xs.size // depth
+    for r in range(rows):
+        xr = xs[r * depth : (r + 1) * depth]
+        gr = gs[r * depth : (r + 1) * depth]
+        orow = os[r * depth : (r + 1) * depth]
+        for c in range(depth):
+            v = xr[c]
+            g = gr[c]
+            orow[c] = masked(g, v, lo[c], hi[c])
+            gd = np.float64(g)
+            pmin[c] += gd * np.float64(v < lo[c])
+            pmax[c] += gd * np.float64(v > hi[c])
+    total = 0.0
+    for c in range(depth):
+        total += pmin[c] + pmax[c]
+    return np.isfinite(total)
 
 
 @njit(cache=True, error_model="numpy")
@@ -272,12 +278,11 @@ def fq_axis_grad(g, x, out, depth, inner, lo, hi):
         exact = False
         r0 = k * rows_per_chunk
         r1 = min((k + 1) * rows_per_chunk, rows)
-        for r in range(r0, r1):
-            if inner == 1:
-                s = slice(r * depth, (r + 1) * depth)
-                if not _grad_row_fast(g[s], x[s], out[s], lo, hi, pmin, pmax):
-                    exact = True
-            else:
+        if inner == 1:
+            s = slice(r0 * depth, r1 * depth)
+            exact = not _grad_rows_fast(g[s], x[s], out[s], depth, lo, hi, pmin, pmax)
+        else:
+            for r in range(r0, r1):
                 for c in range(depth):
                     base = (r * depth + c) * inner
                     smin, smax = _grad_run(

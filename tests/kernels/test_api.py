@@ -261,6 +261,7 @@ def test_large_tensors_take_the_parallel_paths():
         np.testing.assert_array_equal(out[:, j, :], qtool.quantize_and_dequantize_v2(np.ascontiguousarray(y[:, j, :]), 0.0, 0.0))
 
 
+@pytest.mark.cpu_only  # device arrays are not scanned for NaN
 def test_quantize_codes_rejects_nan_and_clamps_inf():
     with pytest.raises(ValueError, match=r"NaN at index \[1\]"):
         qtool.quantize_codes(np.array([0.0, np.nan], f32), -1.0, 1.0)
