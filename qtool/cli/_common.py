@@ -12,8 +12,30 @@ from qtool.errors import QtoolError
 class QtoolGroup(click.Group):
     """A click group that turns user errors into one line and a non-zero exit.
 
-    ``--debug`` (before the command name) shows the traceback instead.
+    ``--debug`` (anywhere on the command line) shows the traceback instead.
+    Usage errors (a bad option value, a missing argument) are one line too,
+    naming the command, instead of click's usage block.
     """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if args is None:
+            args = sys.argv[1:]
+        args = list(args)
+        if "--debug" in args[1:]:  # `qtool rewrite-eval ... --debug` works like `qtool --debug ...`
+            args = ["--debug"] + [a for a in args if a != "--debug"]
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "qtool"
+            hint = f" (see '{where} --help')" if isinstance(exc, click.UsageError) else ""
+            click.echo(f"{where}: error: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("qtool: aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:
