@@ -11,7 +11,6 @@ import qtool
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL = SAMPLES / "digits_cnn.onnx"
 
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="samples/digits_cnn.onnx not built yet")
 METHODS = ["minmax", "ema", "percentile", "entropy", "mse"]
 
 

@@ -16,7 +16,6 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL = SAMPLES / "digits_cnn.onnx"
 CALIB = SAMPLES / "calib.npz"
 
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="samples/digits_cnn.onnx not built yet")
 
 
 @pytest.fixture

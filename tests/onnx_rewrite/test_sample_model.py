@@ -17,7 +17,6 @@ from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL = SAMPLES / "digits_cnn.onnx"
 
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="samples/digits_cnn.onnx not built yet")
 
 
 def accuracy(model_path) -> float:
