@@ -25,43 +25,9 @@ from numba import njit, prange
 from qtool.kernels import _scalar
 from qtool.kernels._targets import build
 
+from qtool.kernels._cache import drop_stale_cache
 
-def _drop_stale_cache() -> None:
-    """Forget cached kernels compiled against an older ``_scalar.py``.
-
-    numba's cache checks only the timestamp of the file that defines a cached
-    function (this one), but the kernels inline the scalar math of
-    ``_scalar.py`` and ``_targets.py``. A digest of those two files is kept
-    beside the cache; when it changes, the cached kernels of this module go.
-    """
-    import hashlib
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    digest = hashlib.sha256()
-    for name in ("_scalar.py", "_targets.py"):
-        with open(os.path.join(here, name), "rb") as f:
-            digest.update(f.read())
-    cache = os.path.join(here, "__pycache__")
-    marker = os.path.join(cache, "qtool-cpu-scalar.sha256")
-    try:
-        with open(marker) as f:
-            if f.read() == digest.hexdigest():
-                return
-    except OSError:
-        pass
-    try:
-        os.makedirs(cache, exist_ok=True)
-        for entry in os.listdir(cache):
-            if entry.startswith("cpu.") and entry.endswith((".nbi", ".nbc")):
-                os.remove(os.path.join(cache, entry))
-        with open(marker, "w") as f:
-            f.write(digest.hexdigest())
-    except OSError:  # a read-only install: numba then caches elsewhere, keyed by this file
-        pass
-
-
-_drop_stale_cache()
+drop_stale_cache("cpu", ("_scalar.py", "_targets.py"))
 
 # error_model="numpy": IEEE results (inf, nan) instead of Python's ZeroDivisionError.
 _jit = njit(error_model="numpy")

@@ -69,45 +69,9 @@ from numba import get_num_threads, njit, prange
 
 from qtool.kernels import cpu
 
+from qtool.kernels._cache import drop_stale_cache
 
-def _drop_stale_cache() -> None:
-    """Forget this module's cached kernels when the scalar math they inline changes.
-
-    numba's cache checks only this file's timestamp; the MSE search inlines
-    ``cpu.nudge``/``cpu.fq_div`` (built from ``_scalar.py`` by ``_targets.py``
-    in ``cpu.py``). A digest of those files is kept beside the cache.
-    """
-    import hashlib
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    digest = hashlib.sha256()
-    try:
-        for name in ("_scalar.py", "_targets.py", "cpu.py"):
-            with open(os.path.join(here, name), "rb") as f:
-                digest.update(f.read())
-    except OSError:
-        return
-    cache = os.path.join(here, "__pycache__")
-    marker = os.path.join(cache, "qtool-histogram-scalar.sha256")
-    try:
-        with open(marker) as f:
-            if f.read() == digest.hexdigest():
-                return
-    except OSError:
-        pass
-    try:
-        os.makedirs(cache, exist_ok=True)
-        for entry in os.listdir(cache):
-            if entry.startswith("histogram.") and entry.endswith((".nbi", ".nbc")):
-                os.remove(os.path.join(cache, entry))
-        with open(marker, "w") as f:
-            f.write(digest.hexdigest())
-    except OSError:  # read-only install: numba caches elsewhere
-        pass
-
-
-_drop_stale_cache()
+drop_stale_cache("histogram", ("_scalar.py", "_targets.py", "cpu.py"))
 
 CHUNK = 1 << 14
 E_MIN = -200  # bin exponent floor (all-zero tensors)

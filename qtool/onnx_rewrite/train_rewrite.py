@@ -20,26 +20,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.onnx_rewrite.eval_rewrite import RewriteEvalResult
 
 
-@dataclass
-class RewriteTrainResult:
+class RewriteTrainResult(RewriteEvalResult):
     """The training graph (an ``onnx_ir.Model``) and the summary of what was done."""
-
-    model: object
-    summary: dict
-
-    def to_dict(self) -> dict:
-        return self.summary
-
-    @property
-    def warnings(self) -> list[str]:
-        return list(self.summary.get("warnings", []))
 
     def format_text(self) -> str:
         return format_train_summary(self.summary)
