@@ -173,3 +173,40 @@ def not_built(command: str, issue: str) -> None:
     """Say plainly that a command has not landed yet and exit non-zero."""
     click.echo(f"qtool: '{command}' is not implemented yet ({issue}); nothing was written.", err=True)
     sys.exit(3)
+
+
+class ProgressBars:
+    """Click progress bars on stderr, one per pass over the data; off when stderr
+    is not a terminal (or for ``--json``).
+
+    ``update(label, done, total)`` starts a new bar when the label changes;
+    ``calibration`` is the ``progress(done, total)`` callback of the calibration
+    runner.
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.label = None
+        self.bar = None
+        self.done = 0
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if label != self.label:
+            self.close()
+            self.label = label
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+            self.done = 0
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def calibration(self, done: int, total: int) -> None:
+        self.update("calibrating", done, total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+        self.label = None

@@ -8,6 +8,7 @@ import sys
 import click
 
 from qtool.cli._common import (
+    ProgressBars,
     activation_bits_option,
     batch_size_option,
     calibration_method_option,
@@ -53,15 +54,14 @@ def calibrate_cmd(model, data, output, calibration_method, percentile, num_bins,
       qtool rewrite-eval model.onnx -o model.qdq.onnx --ranges ranges.json
     """
     from qtool.calibrate import calibrate_to_file
-    from qtool.cli.rewrite import _ProgressBar
 
-    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    bar = ProgressBars(enabled=not as_json and sys.stderr.isatty())
     try:
         summary = calibrate_to_file(
             model, data, output,
             method=calibration_method,
             batch_size=batch_size,
-            progress=bar.update,
+            progress=bar.calibration,
             weight_bits=weight_bits,
             activation_bits=activation_bits,
             symmetric=symmetric,

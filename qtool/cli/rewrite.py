@@ -8,6 +8,7 @@ import sys
 import click
 
 from qtool.cli._common import (
+    ProgressBars,
     activation_bits_option,
     batch_size_option,
     calibration_data_option,
@@ -56,7 +57,7 @@ def rewrite_train_cmd(model, output, weight_bits, activation_bits, symmetric, qu
 
     if output is None and not in_place:
         raise click.UsageError("give an output path with -o/--output, or --in-place")
-    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    bar = ProgressBars(enabled=not as_json and sys.stderr.isatty())
     try:
         result = rewrite_train(
             model,
@@ -73,7 +74,7 @@ def rewrite_train_cmd(model, output, weight_bits, activation_bits, symmetric, qu
             calibration_method=calibration_method,
             calibration_options=method_options(calibration_method, percentile, num_bins, ema_decay),
             in_place=in_place,
-            progress=bar.update,
+            progress=bar.calibration,
         )
     finally:
         bar.close()
@@ -114,7 +115,7 @@ def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, a
 
     if output is None and not in_place:
         raise click.UsageError("give an output path with -o/--output, or --in-place")
-    bar = _ProgressBar(enabled=not as_json and sys.stderr.isatty())
+    bar = ProgressBars(enabled=not as_json and sys.stderr.isatty())
     try:
         result = rewrite_eval(
             model,
@@ -128,7 +129,7 @@ def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, a
             scope=scope,
             exclude=exclude,
             in_place=in_place,
-            progress=bar.update,
+            progress=bar.calibration,
             calibration_method=calibration_method,
             calibration_options=method_options(calibration_method, percentile, num_bins, ema_decay),
             ranges=ranges_file,
@@ -141,26 +142,3 @@ def rewrite_eval_cmd(model, output, calibration_data, batch_size, weight_bits, a
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(result.format_text())
-
-
-class _ProgressBar:
-    """A click progress bar on stderr over calibration samples (off when not a terminal)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.bar = None
-        self.done = 0
-
-    def update(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label="calibrating", file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from qtool.cli._common import batch_size_option, calibration_data_option
+from qtool.cli._common import ProgressBars, batch_size_option, calibration_data_option
 
 
 @click.command("simulate")
@@ -40,7 +40,7 @@ def simulate_cmd(model, data, labels, output_name, quantized, weight_bits, activ
 
     if quantized and (weight_bits is not None or activation_bits is not None):
         raise QtoolError("--weight-bits/--activation-bits build the what-if table; they do not apply with --quantized")
-    bars = _ProgressBars(enabled=sys.stderr.isatty())
+    bars = ProgressBars(enabled=sys.stderr.isatty())
     try:
         result = simulate(
             model,
@@ -63,31 +63,3 @@ def simulate_cmd(model, data, labels, output_name, quantized, weight_bits, activ
     for path, what in ((json_path, "JSON"), (html_path, "HTML")):
         if path:
             click.echo(f"{what} report: {path}")
-
-
-class _ProgressBars:
-    """One click progress bar per pass over the data, on stderr (off when not a terminal)."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.label = None
-        self.bar = None
-        self.done = 0
-
-    def update(self, label: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if label != self.label:
-            self.close()
-            self.label = label
-            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-            self.done = 0
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-        self.label = None

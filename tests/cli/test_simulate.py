@@ -81,11 +81,11 @@ def test_progress_bars_name_each_pass(monkeypatch):
     import io
     import sys
 
-    from qtool.cli.simulate import _ProgressBars
+    from qtool.cli._common import ProgressBars
 
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    bars = _ProgressBars(enabled=True)
+    bars = ProgressBars(enabled=True)
     for label in ("calibrating W8A8", "evaluating"):
         for done in (0, 50, 100):
             bars.update(label, done, 100)
