@@ -72,7 +72,7 @@ def needed_opset(config: QuantConfig) -> int:
     if config.per_channel:
         need = 13
     w = storage(config.weight_bits, signed=True, narrow=True)
-    a = storage(config.activation_bits, signed=config.symmetric, narrow=False)
+    a = storage(config.activation_bits, signed=config.symmetric, narrow=False, int4=False)
     need = max(need, w.opset, a.opset)
     if a.needs_clip and a.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
         need = max(need, 12)  # Clip on integer types
@@ -354,9 +354,39 @@ class EvalEncoder:
             if np.any(b_scale == 0) or not np.all(np.isfinite(b_scale)):
                 continue
             q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
-            if np.any(q < _INT32.min) or np.any(q > _INT32.max):
-                self.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
-                continue
+            factor = 1
+            saturated = 0
+            if np.any(np.abs(q) > _INT32.max):
+                # The bias does not fit int32 at input_scale * weight_scale (16-bit grids make that
+                # scale ~1e-9). A float bias is no way out: onnxruntime's WeightBiasQuantization
+                # (ORT_ENABLE_BASIC and up, so the default session) quantizes the float bias of a QDQ
+                # Conv/ConvTranspose/Gemm to int32 at that scale itself, with an unchecked float->int32
+                # Cast: out-of-range channels become INT32_MIN (-2**31, sign flipped). On the sample
+                # at W16A16 that took accuracy from 99.6% (ORT_DISABLE_ALL) to 84% (default).
+                if _int_kernel_types(xp, layer.inputs[1]):
+                    # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32
+                    # bias at input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
+                    saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))
+                    q = np.clip(q, -_INT32.max, _INT32.max)
+                    self.result.notes.append(
+                        f"layer '{layer.name}': {saturated} bias value(s) saturated to the int32 range "
+                        "(the bias scale input_scale * weight_scale is too small for them)"
+                    )
+                else:
+                    # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the
+                    # bias DQ may have a coarser scale, a power-of-two multiple of the usual one.
+                    k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
+                    while True:
+                        factor = 2**k
+                        scaled = (b_scale * np.float32(factor)).astype(np.float32)
+                        q = np.rint(b.astype(np.float64).reshape(-1) / scaled.astype(np.float64))
+                        if not np.any(np.abs(q) > _INT32.max):
+                            break
+                        k += 1
+                    if not np.all(np.isfinite(scaled)):
+                        self.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
+                        continue
+                    b_scale = scaled
             q = q.astype(np.int32)
             ctx = context_of(layer.name or layer.op_type)
             base = self.names.prefix(f"{ctx}/bias_quant", ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
@@ -379,7 +409,12 @@ class EvalEncoder:
             if source is not None:
                 remove_if_unused(self.graph, source.nodes, [source.root])
             err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0
-            self.result.biases.append({"layer": layer.name, "quantizer": base, "max_abs_error": err})
+            entry = {"layer": layer.name, "quantizer": base, "max_abs_error": err}
+            if factor != 1:
+                entry["scale_factor"] = factor  # scale = factor * input_scale * weight_scale
+            if saturated:
+                entry["saturated"] = saturated
+            self.result.biases.append(entry)
 
     def run(self, ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
         for point in self.plan.new_weights():
@@ -397,10 +432,25 @@ def _storage_of(dtype: ir.DataType, bits: int, symmetric: bool) -> Storage:
     from qtool.onnx_rewrite.ranges import storage
 
     signed = dtype in (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT4)
-    st = storage(bits, signed=signed, narrow=False)
+    st = storage(bits, signed=signed, narrow=False, int4=False)
     if st.dtype != dtype:  # an existing quantizer of another width: keep its type, no clip
         return Storage(dtype, st.shift, _full_bits(dtype), False)
     return st
+
+
+def _int_kernel_types(x_dq: ir.Node, weight: ir.Value | None) -> bool:
+    """True when onnxruntime has integer kernels (QLinearConv/QGemm) for the layer's input and
+    weight types, i.e. both are 8-bit: it may then fuse the QDQ layer and use the int32 bias as is."""
+    eight = (ir.DataType.INT8, ir.DataType.UINT8)
+
+    def dq_type(dq):
+        if dq is None or dq.domain != "" or dq.op_type != DEQUANTIZE or not dq.inputs or dq.inputs[0] is None:
+            return None
+        v = dq.inputs[0]
+        return v.dtype or (v.const_value.dtype if v.const_value is not None else None)
+
+    w_dq = weight.producer() if weight is not None else None
+    return dq_type(x_dq) in eight and dq_type(w_dq) in eight
 
 
 def _full_bits(dtype: ir.DataType) -> int:

@@ -189,6 +189,10 @@ def rewrite_eval(
         if in_place:
             raise QtoolError("--in-place needs a model path")
         ir_model = as_ir_model(model)
+        if ir_model is model:
+            # the caller's onnx_ir.Model is not modified: work on a clone (new graph, nodes and
+            # values; the tensors are shared, which is safe as the rewrite never writes into one)
+            ir_model = model.clone()
         label = "<model>"
     if output is not None:
         output = check_output_path(output)

@@ -6,9 +6,15 @@
   grid ``[quant_min, 2**bits - 1]``; qtool stores that grid shifted by
   ``2**(bits-1)`` when the container is signed (int8 weights: ``q - 128``,
   zero point ``zp - 128``), unshifted for unsigned activations.
-- Containers: 8 bits -> int8/uint8; 16 -> int16/uint16 and 4 -> int4/uint4
-  (opset 21); other widths -> the 8- or 16-bit container with a Clip on the
-  integer values (activations; stored weights are in range by construction).
+- Containers: 8 bits -> int8/uint8; 16 -> int16/uint16 and 4-bit weights ->
+  int4 (opset 21); other widths, 4-bit activations included -> the 8- or
+  16-bit container with a Clip on the integer values (activations; stored
+  weights are in range by construction). 4-bit activations are not stored as
+  (u)int4 because onnxruntime 1.31's QDQ fusion (QDQSelectorActionTransformer,
+  ORT_ENABLE_EXTENDED and up) turns a Conv with (u)int4 activations and 8-bit
+  weights into a QLinearConv, which has no 4-bit kernel: the session fails with
+  "Type 'tensor(uint4)' of input parameter ... of operator (QLinearConv) ... is
+  invalid" (its Conv selector rejects 4-bit weights, not 4-bit activations).
 """
 
 from __future__ import annotations
@@ -59,8 +65,9 @@ _CONTAINER_RANGE = {
 }
 
 
-def storage(bits: int, *, signed: bool, narrow: bool) -> Storage:
-    if bits == 4:
+def storage(bits: int, *, signed: bool, narrow: bool, int4: bool = True) -> Storage:
+    """The container of a ``bits``-bit grid; ``int4=False`` keeps 4 bits in 8 (activations)."""
+    if bits == 4 and int4:
         dtype = ir.DataType.INT4 if signed else ir.DataType.UINT4
     elif bits <= 8:
         dtype = ir.DataType.INT8 if signed else ir.DataType.UINT8
@@ -100,11 +107,11 @@ class QParams:
     degenerate: int = 0  # channels whose range was [0, 0] (scale set to 1: all values 0)
 
 
-def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool) -> QParams:
+def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True) -> QParams:
     """Scale and zero point of TF's nudged range ``[lo, hi]`` (already widened)."""
     from qtool.kernels import nudged_range
 
-    store = storage(bits, signed=signed, narrow=narrow)
+    store = storage(bits, signed=signed, narrow=narrow, int4=int4)
     nmin, nmax, scale, zp = nudged_range(lo, hi, num_bits=bits, narrow_range=narrow)
     scale = np.asarray(scale, dtype=np.float32)
     zero = scale == 0
@@ -139,4 +146,4 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
 def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool) -> QParams:
     """Parameters of an activation quantizer from an observed (or default) range."""
     lo, hi = widen(np.float32(lo), np.float32(hi), bits=bits, narrow=False, symmetric=symmetric)
-    return qparams(lo, hi, bits=bits, narrow=False, signed=symmetric)
+    return qparams(lo, hi, bits=bits, narrow=False, signed=symmetric, int4=False)

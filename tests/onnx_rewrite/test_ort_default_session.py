@@ -1,0 +1,149 @@
+"""Eval graphs give the same results in onnxruntime's default session (graph optimizations on) as with
+optimizations off, at every width: no encoding may trip an onnxruntime optimizer.
+
+Regressions: W16A16 biases that do not fit int32 at ``input_scale * weight_scale`` were left in float,
+and onnxruntime's WeightBiasQuantization quantized them to int32 itself with an unchecked cast
+(INT32_MIN for out-of-range values): 99.6% -> 84% on the sample. uint4 activations made the QDQ fusion
+build a QLinearConv on uint4, an invalid graph (the session failed to load).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from model_builders import Builder
+from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+MODEL = SAMPLES / "digits_cnn.onnx"
+LEVELS = {
+    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "default": None,  # onnxruntime's default session options (ORT_ENABLE_ALL)
+}
+
+
+def session(model, level=None) -> ort.InferenceSession:
+    if isinstance(model, ir.Model):
+        model = ir.serde.serialize_model(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if level is not None:
+        options.graph_optimization_level = level
+    data = model.SerializeToString() if not isinstance(model, (str, Path)) else str(model)
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def logits(model, level=None) -> np.ndarray:
+    data = np.load(SAMPLES / "eval.npz")
+    return session(model, level).run(["logits"], {"input": data["input"]})[0]
+
+
+def accuracy(out: np.ndarray) -> float:
+    return float((out.argmax(1) == np.load(SAMPLES / "eval.npz")["labels"]).mean())
+
+
+@pytest.fixture(scope="module")
+def float_accuracy():
+    return accuracy(logits(str(MODEL)))
+
+
+@pytest.mark.parametrize(
+    "weight_bits,activation_bits",
+    [(16, 16), (4, 4), (8, 8), (12, 12), (5, 5), (16, 8), (8, 16), (8, 4), (16, 4)],
+)
+def test_sample_accuracy_with_default_session_options(float_accuracy, weight_bits, activation_bits):
+    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"),
+                          weight_bits=weight_bits, activation_bits=activation_bits)
+    model = ir.serde.serialize_model(result.model)
+    default = logits(model)
+    assert accuracy(default) >= float_accuracy - 0.01
+    plain = logits(model, LEVELS["disable_all"])
+    assert accuracy(plain) == accuracy(default)
+    if weight_bits == 8 and activation_bits == 8:
+        # onnxruntime fuses the layers into int8 kernels: requantization may move a logit by a step
+        (step,) = [a["scale"] for a in result.summary["activations"] if a["tensor"] == "logits"]
+        np.testing.assert_allclose(default, plain, atol=1.01 * step)
+    else:
+        np.testing.assert_array_equal(default, plain)
+
+
+def test_sample_w16a16_biases_are_int32_with_a_coarser_scale():
+    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"), weight_bits=16, activation_bits=16)
+    biases = {b["layer"]: b for b in result.summary["biases"]}
+    assert result.summary["counts"]["biases_int32"] == 5
+    scaled = [b for b in biases.values() if "scale_factor" in b]
+    assert scaled, "the sample's 16-bit conv biases overflow int32 at input_scale * weight_scale"
+    for b in scaled:
+        f = b["scale_factor"]
+        assert f > 1 and f & (f - 1) == 0
+        assert b["max_abs_error"] < 1e-6
+    assert not any("left in float" in n for n in result.summary["notes"])
+
+
+def _tiny_conv(x_scale: float, w_scale: float, bias: np.ndarray):
+    """x -> Conv(w, bias) -> Relu, with tiny input and weight ranges so the int32 bias overflows."""
+    rng = np.random.default_rng(3)
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 2, 5, 5])
+    w = (rng.standard_normal((3, 2, 3, 3)) * w_scale).astype(np.float32)
+    conv = b.node("Conv", [x, b.const(w, "w"), b.const(bias.astype(np.float32), "b")], name="c/Conv",
+                  kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = b.node("Relu", [conv], name="c/Relu", outputs=["y"])
+    feeds = {"x": (rng.standard_normal((4, 2, 5, 5)) * x_scale).astype(np.float32)}
+    return b.proto([y]), feeds
+
+
+def _check_default_matches_disable_all(model, feeds):
+    proto = ir.serde.serialize_model(model)
+    plain = session(proto, LEVELS["disable_all"]).run(None, feeds)[0]
+    default = session(proto).run(None, feeds)[0]
+    return plain, default
+
+
+def test_overflowing_bias_without_integer_kernels_keeps_its_value():
+    bias = np.array([3.0, -2.5, 0.01])
+    proto, feeds = _tiny_conv(1.0, 0.3, bias)
+    ref = session(proto).run(None, feeds)[0]
+    result = rewrite_eval(proto, calibration_data=feeds, weight_bits=16, activation_bits=16)
+    (entry,) = result.summary["biases"]
+    assert entry["scale_factor"] > 1
+    model = result.model
+    q = model.graph.initializers["c/bias_quant/quantized"].const_value.numpy()
+    scale = model.graph.initializers["c/bias_quant/scale"].const_value.numpy()
+    assert q.dtype == np.int32
+    np.testing.assert_allclose(q * scale.astype(np.float64), bias, rtol=1e-6, atol=1e-9)
+    plain, default = _check_default_matches_disable_all(model, feeds)
+    np.testing.assert_array_equal(default, plain)
+    np.testing.assert_allclose(default, ref, atol=1e-3)
+
+
+def test_overflowing_bias_with_int8_kernels_saturates_consistently():
+    bias = np.array([3.0, -2.5, 0.0])
+    proto, feeds = _tiny_conv(1e-4, 1e-4, bias)
+    result = rewrite_eval(proto, calibration_data=feeds, weight_bits=8, activation_bits=8)
+    (entry,) = result.summary["biases"]
+    assert entry.get("saturated") == 2 and "scale_factor" not in entry
+    assert any("saturated to the int32 range" in n for n in result.summary["notes"])
+    q = result.model.graph.initializers["c/bias_quant/quantized"].const_value.numpy()
+    assert q[0] == np.iinfo(np.int32).max and q[1] == -np.iinfo(np.int32).max
+    plain, default = _check_default_matches_disable_all(result.model, feeds)
+    (step,) = [a["scale"] for a in result.summary["activations"] if a["tensor"] == "y"]
+    np.testing.assert_allclose(default, plain, atol=1.01 * step)
+
+
+def test_rewrite_eval_leaves_the_callers_ir_model_alone():
+    model = ir.load(str(MODEL))
+    before = ir.serde.serialize_model(model).SerializeToString()
+    nodes = [n.op_type for n in model.graph]
+    result = rewrite_eval(model, calibration_data=str(SAMPLES / "calib.npz"))
+    assert result.model is not model
+    assert [n.op_type for n in model.graph] == nodes
+    assert ir.serde.serialize_model(model).SerializeToString() == before
+    assert any(n.op_type == "QuantizeLinear" for n in result.model.graph)
+    # the copy shares the caller's tensors (no deep copy of the weights), and gives the same model
+    # as rewriting from the path
+    from_path = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz")).model
+    assert ir.serde.serialize_model(result.model) == ir.serde.serialize_model(from_path)
