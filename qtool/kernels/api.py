@@ -677,12 +677,17 @@ def quantize_and_dequantize_v2(
     return be.finish(res, out)
 
 
-def quantize_and_dequantize_v2_gradient(gradients, input, input_min, input_max, axis=None, *, out=None, device=None):
+def quantize_and_dequantize_v2_gradient(
+    gradients, input, input_min, input_max, axis=None, *, pass_through=False, out=None, device=None
+):
     """Gradient of ``quantize_and_dequantize_v2`` with respect to ``input``.
 
     ``gradients * (input_min <= input <= input_max)`` with the raw range
     arguments (per slice with ``axis``), whether or not the forward pass used
     ``range_given``. The gradients with respect to the range are zero.
+
+    ``pass_through=True`` gives the identity gradient of TF's V1-V3 ops
+    (``tf.grad_pass_through``): ``gradients`` unchanged, bit for bit.
     """
     be = _backend(device, gradients=gradients, input=input)
     x = be.qdq_tensor(input, "input")
@@ -691,7 +696,8 @@ def quantize_and_dequantize_v2_gradient(gradients, input, input_min, input_max, 
     if g.dtype != x.dtype:
         raise ValueError(f"gradients and input must have the same dtype, got {g.dtype} and {x.dtype}")
     dtype = x.dtype.type
-    one, zero = dtype(1), dtype(0)
+    # pass-through multiplies every gradient by one (exact: g * 1 == g, NaN and -0.0 included)
+    one, zero = dtype(1), dtype(1 if pass_through else 0)
     res = be.output(out, x.shape, x.dtype)
     if axis is None:
         lo = _qdq_range_arg(input_min, "input_min", dtype, None)

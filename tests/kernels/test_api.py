@@ -279,3 +279,14 @@ def test_round_half_away_keeps_the_sign_of_zero_like_std_round():
     for v, want in [(-0.3, -0.0), (-0.5, -1.0), (-2.5, -3.0), (2.5, 3.0), (0.49999997, 0.0), (-0.0, -0.0), (1.5, 2.0)]:
         got = round_half_away(f32(v))
         assert got == want and np.signbit(got) == np.signbit(want), (v, got)
+
+
+def test_qdq_gradient_pass_through_is_the_identity():
+    x = np.array([-5.0, 0.5, np.nan, 7.0, 0.25], f32)
+    g = np.array([1.5, -0.0, 2.0, -3.0, np.nan], f32)
+    d = qtool.quantize_and_dequantize_v2_gradient(g, x, -1.0, 1.0, pass_through=True)
+    np.testing.assert_array_equal(d.view(np.int32), g.view(np.int32))
+    d = qtool.quantize_and_dequantize_v2_gradient(g.reshape(1, 5), x.reshape(1, 5), [-1.0] * 5, [1.0] * 5, axis=1, pass_through=True)
+    np.testing.assert_array_equal(d.ravel().view(np.int32), g.view(np.int32))
+    masked = qtool.quantize_and_dequantize_v2_gradient(g, x, -1.0, 1.0)
+    assert masked[0] == 0 and masked[3] == 0 and np.signbit(masked[3])
