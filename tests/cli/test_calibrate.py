@@ -1,32 +1,12 @@
 """``qtool calibrate`` and ``rewrite-eval --calibration-method / --ranges`` end to end."""
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 
-from qtool.cli import main
-
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-MODEL = SAMPLES / "digits_cnn.onnx"
-CALIB = SAMPLES / "calib.npz"
-
-pytestmark = pytest.mark.skipif(not MODEL.exists(), reason="samples/digits_cnn.onnx not built yet")
-
-
-@pytest.fixture
-def work(tmp_path):
-    shutil.copy(MODEL, tmp_path / "model.onnx")
-    shutil.copy(CALIB, tmp_path / "calib.npz")
-    return tmp_path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
+from cli_helpers import invoke
 
 
 def initializers(path):

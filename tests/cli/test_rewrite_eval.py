@@ -3,30 +3,15 @@
 import json
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
 
+from cli_helpers import MODEL, invoke
+
 from qtool.cli import main
-
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-MODEL = SAMPLES / "digits_cnn.onnx"
-CALIB = SAMPLES / "calib.npz"
-
-
-
-@pytest.fixture
-def work(tmp_path):
-    shutil.copy(MODEL, tmp_path / "model.onnx")
-    shutil.copy(CALIB, tmp_path / "calib.npz")
-    return tmp_path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_rewrite_eval_sample(work):

@@ -1,29 +1,11 @@
 """``qtool rewrite-train`` end to end: files in a temp folder, idempotence, the train -> eval flow, bad input."""
 
 import json
-import shutil
-from pathlib import Path
 
 import onnx
 import pytest
-from click.testing import CliRunner
 
-from qtool.cli import main
-
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-MODEL = SAMPLES / "digits_cnn.onnx"
-CALIB = SAMPLES / "calib.npz"
-
-
-@pytest.fixture
-def work(tmp_path):
-    shutil.copy(MODEL, tmp_path / "model.onnx")
-    shutil.copy(CALIB, tmp_path / "calib.npz")
-    return tmp_path
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
+from cli_helpers import invoke
 
 
 def test_rewrite_train_sample_then_eval(work):

@@ -2,14 +2,13 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from qtool.cli import main
+from cli_helpers import SAMPLES, invoke
 
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+from qtool.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +20,6 @@ def work(tmp_path_factory):
         shutil.copy(SAMPLES / name, tmp / name)
     qtool.rewrite_eval(tmp / "digits_cnn.onnx", tmp / "q8.onnx", calibration_data=tmp / "calib.npz")
     return tmp
-
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_simulate_quantized_model_writes_json_and_html(work):
