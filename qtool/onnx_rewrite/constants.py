@@ -168,7 +168,8 @@ def remove_if_unused(graph: ir.Graph, nodes: Iterable[ir.Node], values: Iterable
 
     Nodes are tried from the last to the first, so a chain whose end was
     disconnected goes away entirely. Only what the caller names is removed:
-    qtool never deletes dead code it did not create.
+    qtool never deletes dead code it did not create (a Constant node read
+    only by a removed node goes with it).
     """
     pending = list(nodes)
     removed = True
@@ -184,6 +185,12 @@ def remove_if_unused(graph: ir.Graph, nodes: Iterable[ir.Node], values: Iterable
                 pending.remove(node)
                 removed = True
                 values = list(values) + inputs
+                # the Constant nodes that fed only this node (a Reshape's shape) were part of it
+                for v in inputs:
+                    producer = v.producer()
+                    if producer is not None and producer.op_type == "Constant" and producer.domain == "" \
+                            and producer not in pending:
+                        pending.append(producer)
     for value in values:
         if value is None or not value.is_initializer() or value.uses() or value.is_graph_output():
             continue

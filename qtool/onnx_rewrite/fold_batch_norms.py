@@ -100,9 +100,19 @@ def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     if layer.op_type == "Gemm":
         return 2
     a = view.input(layer, 0)
-    if a is None or a.shape is None:
+    if a is None:
         return None
-    return len(a.shape)
+    if a.shape is not None:
+        return len(a.shape)
+    # no declared shape (exporters often write no value_info): ask onnx shape inference, once per graph
+    ranks = getattr(view, "inferred_ranks", None)
+    if ranks is None:
+        if layer.graph is None:
+            return None
+        from qtool.onnx_rewrite.opset import inferred_ranks
+
+        ranks = view.inferred_ranks = inferred_ranks(layer.graph)
+    return ranks.get(a.name)
 
 
 def _channel_vector(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:

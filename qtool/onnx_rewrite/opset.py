@@ -42,3 +42,32 @@ def convert_opset(model: ir.Model, target: int, why: str) -> ir.Model:
     new = ir.serde.deserialize_model(converted)
     restore_tensors(new, saved)
     return new
+
+
+def inferred_ranks(graph: ir.Graph) -> dict[str, int]:
+    """Tensor name -> rank from onnx shape inference, for values whose shape the model does not declare.
+
+    Exporters often write no ``value_info`` (the legacy torch exporter at opset
+    11, models restyled to Constant-node weights), so a value's rank can be
+    unknown until shape inference runs. Failures give an empty map: the rank
+    stays unknown and the caller reports why it cannot use it.
+    """
+    import onnx.shape_inference
+
+    model = ir.Model(graph, ir_version=max(8, _ir_version_for(graph)))
+    try:
+        proto, _ = light_proto(model)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a best effort
+        return {}
+    ranks: dict[str, int] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.HasField("shape"):
+            ranks[vi.name] = len(t.shape.dim)
+    return ranks
+
+
+def _ir_version_for(graph: ir.Graph) -> int:
+    version = graph.opset_imports.get("", graph.opset_imports.get("ai.onnx", 11))
+    return 8 if version <= 18 else 10

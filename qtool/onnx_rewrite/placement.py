@@ -374,6 +374,9 @@ class _Planner:
         for node in self.graph:
             if id(node) in self._handled or node.op_type in skip:
                 continue
+            inputs = [v for v in node.inputs if v is not None]
+            if inputs and all(is_constant(v) for v in inputs):
+                continue  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
             self.plan.other_ops[node.op_type] += 1
 
     def run(self) -> QuantPlan:

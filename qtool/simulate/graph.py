@@ -364,10 +364,17 @@ def _bypass(graph: ir.Graph, act: ActivationQuantizer) -> None:
 
 
 def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
+    """``w.layer`` reads the float weight; other layers sharing the quantizer keep it (a shared weight)."""
     name = f"{w.name}/float"
-    value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
-    graph.register_initializer(value)
-    w.dq.outputs[0].replace_all_uses_with(value)
+    value = graph.initializers.get(name)
+    if value is None:  # a weight shared by several layers gets one float copy
+        value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
+        graph.register_initializer(value)
+    direct = [i for i, v in enumerate(w.layer.inputs) if v is w.dq.outputs[0]]
+    for i in direct:
+        w.layer.replace_input_with(i, value)
+    if not direct:  # reached through other nodes
+        w.dq.outputs[0].replace_all_uses_with(value)
     if not any(o.uses() or o.is_graph_output() for o in w.dq.outputs):
         graph.remove(w.dq, safe=True)
 

@@ -1,0 +1,344 @@
+"""Build small models the way real users export them, for qtool's exporter tests.
+
+Run from the repository root:
+
+    /work/samplesenv/bin/python tests/data/exported/make_exported.py          # torch exports
+    /work/tfenv/bin/python tests/data/exported/make_exported.py --tf          # Keras via tf2onnx
+
+(samplesenv: torch 2.13 CPU, onnx, onnxscript, onnxruntime; tfenv: TensorFlow
+2.21 and tf2onnx.) torch and TensorFlow are NOT qtool dependencies: the .onnx
+and .npz files are committed and the tests read them only.
+
+Each model `<name>.onnx` comes with `<name>.npz`: the model inputs (float32,
+a few samples, random normal), used as calibration and evaluation data.
+Weights are random (seeded); batch norms get random moving statistics so that
+folding them is not a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = 0
+
+
+def save(name, model_proto, inputs):
+    import onnx
+
+    onnx.checker.check_model(model_proto, full_check=True)
+    path = os.path.join(HERE, name + ".onnx")
+    with open(path, "wb") as f:
+        f.write(model_proto.SerializeToString())
+    np.savez(os.path.join(HERE, name + ".npz"), **inputs)
+    size = os.path.getsize(path)
+    assert size < 200_000, (name, size)
+    ops = sorted({n.op_type for n in model_proto.graph.node})
+    opset = [o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")]
+    print(f"{name:28s} opset {opset} ir {model_proto.ir_version} {size:7d} B  {' '.join(ops)}")
+
+
+def restyle(m, ir_version=None):
+    """Initializers -> Constant nodes, node names cleared (like samples/make_sample.py)."""
+    from onnx import helper
+
+    g = m.graph
+    init_names = {t.name for t in g.initializer}
+    kept = [i for i in g.input if i.name not in init_names]
+    del g.input[:]
+    g.input.extend(kept)
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in g.initializer]
+    nodes = consts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.initializer[:]
+    for n in g.node:
+        n.name = ""
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    a.t.name = ""
+    if ir_version is not None:
+        m.ir_version = ir_version
+    return m
+
+
+# ------------------------------------------------------------------------------------- torch
+def torch_models():
+    import torch
+    from torch import nn
+
+    def bn(c, d=2):
+        m = nn.BatchNorm2d(c) if d == 2 else nn.BatchNorm1d(c)
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.3, 0.3)
+            m.running_mean.uniform_(-0.3, 0.3)
+            m.running_var.uniform_(0.5, 2.0)
+        return m
+
+    class ResBlock(nn.Module):
+        def __init__(self, c=8):
+            super().__init__()
+            self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+            self.bn0 = bn(c)
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn1 = bn(c)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn2 = bn(c)
+            self.down = nn.Conv2d(c, 2 * c, 1, stride=2, bias=False)
+            self.bn_down = bn(2 * c)
+            self.fc = nn.Linear(2 * c, 5)
+
+        def forward(self, x):
+            x = torch.relu(self.bn0(self.stem(x)))
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            x = torch.relu(x + y)
+            x = torch.relu(self.bn_down(self.down(x)))
+            x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+            return self.fc(x)
+
+    class MobileBlock(nn.Module):
+        def __init__(self, c=8):
+            super().__init__()
+            self.stem = nn.Conv2d(3, c, 3, stride=2, padding=1, bias=False)
+            self.bn0 = bn(c)
+            self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+            self.bn_dw = bn(c)
+            self.pw = nn.Conv2d(c, 2 * c, 1, bias=False)
+            self.bn_pw = bn(2 * c)
+            self.head = nn.Conv2d(2 * c, 4, 1)
+
+        def forward(self, x):
+            x = nn.functional.relu6(self.bn0(self.stem(x)))
+            x = nn.functional.relu6(self.bn_dw(self.dw(x)))
+            x = nn.functional.relu6(self.bn_pw(self.pw(x)))
+            x = x.mean((2, 3), keepdim=True)
+            return torch.flatten(self.head(x), 1)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(20, 32)
+            self.bn1 = bn(32, d=1)
+            self.fc2 = nn.Linear(32, 16, bias=False)
+            self.bn2 = bn(16, d=1)
+            self.out = nn.Linear(16, 3)
+
+        def forward(self, x):
+            x = torch.relu(self.bn1(self.fc1(x)))
+            x = nn.functional.leaky_relu(self.bn2(self.fc2(x)), 0.1)
+            return torch.sigmoid(self.out(x))
+
+    class MLP3d(nn.Module):
+        """Linear on a [N, T, F] input: MatMul + Add in the legacy exporter."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(12, 24)
+            self.fc2 = nn.Linear(24, 6)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+            self.bn = bn(8)
+            self.up1 = nn.ConvTranspose2d(8, 8, 4, stride=2, padding=1, bias=False)
+            self.bn1 = bn(8)
+            self.up2 = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1, groups=2)
+            self.bn2 = bn(4)
+            self.out = nn.Conv2d(4, 1, 1)
+
+        def forward(self, x):
+            x = torch.relu(self.bn(self.conv(x)))
+            x = torch.relu(self.bn1(self.up1(x)))
+            x = nn.functional.leaky_relu(self.bn2(self.up2(x)), 0.2)
+            return torch.sigmoid(self.out(x))
+
+    class Shared(nn.Module):
+        """One conv (and one Linear) applied twice: shared weights."""
+
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.shared = nn.Conv2d(8, 8, 3, padding=1)
+            self.fc = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = torch.relu(self.shared(x))
+            x = torch.relu(self.shared(x))
+            x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+            x = torch.relu(self.fc(x))
+            x = torch.relu(self.fc(x))
+            return nn.functional.hardsigmoid(self.head(x))
+
+    class Indirect(nn.Module):
+        """Weights reach the layer through Transpose / Reshape / Cast (functional calls)."""
+
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Parameter(torch.randn(3, 3, 3, 8) * 0.3)  # HWIO, transposed at run time
+            self.b1 = nn.Parameter(torch.randn(8) * 0.1)
+            self.w2 = nn.Parameter(torch.randn(8 * 9) * 0.2)  # flat, reshaped at run time
+            self.w3 = nn.Parameter(torch.randn(16, 8, dtype=torch.float64) * 0.3)  # cast
+            self.b3 = nn.Parameter(torch.randn(16) * 0.1)
+
+        def forward(self, x):
+            w1 = self.w1.permute(3, 2, 0, 1)
+            x = torch.relu(nn.functional.conv2d(x, w1, self.b1, padding=1))
+            w2 = self.w2.reshape(8, 1, 3, 3)
+            x = torch.relu(nn.functional.conv2d(x, w2, None, padding=1, groups=8))
+            x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
+            return nn.functional.linear(x, self.w3.float(), self.b3)
+
+    return {
+        "ResBlock": (ResBlock, (2, 3, 16, 16)),
+        "MobileBlock": (MobileBlock, (2, 3, 16, 16)),
+        "MLP": (MLP, (4, 20)),
+        "MLP3d": (MLP3d, (2, 5, 12)),
+        "Decoder": (Decoder, (2, 4, 6, 6)),
+        "Shared": (Shared, (2, 3, 12, 12)),
+        "Indirect": (Indirect, (2, 3, 10, 10)),
+    }
+
+
+def export_legacy(model, shape, opset, dynamic_spatial=False, fold=False):
+    import onnx
+    import torch
+
+    x = torch.zeros(*shape)
+    axes = {0: "N"}
+    if dynamic_spatial and len(shape) == 4:
+        axes.update({2: "H", 3: "W"})
+    if len(shape) == 3:
+        axes[1] = "T"
+    buf = io.BytesIO()
+    torch.onnx.export(
+        model,
+        (x,),
+        buf,
+        input_names=["input"],
+        output_names=["output"],
+        dynamic_axes={"input": axes, "output": {0: "N"}},
+        opset_version=opset,
+        training=torch.onnx.TrainingMode.EVAL if fold else torch.onnx.TrainingMode.PRESERVE,
+        do_constant_folding=fold,
+        dynamo=False,
+    )
+    return onnx.load_from_string(buf.getvalue())
+
+
+def export_dynamo(model, shape, opset=18):
+    import onnx
+    import torch
+
+    x = torch.randn(*shape)
+    dyn = {0: torch.export.Dim("N", min=1, max=64)}
+    onnx_program = torch.onnx.export(
+        model, (x,), input_names=["input"], output_names=["output"],
+        dynamic_shapes={"x": dyn}, opset_version=opset, dynamo=True, verbose=False,
+    )
+    return onnx.load_from_string(onnx_program.model_proto.SerializeToString())
+
+
+def make_torch():
+    import torch
+
+    torch.manual_seed(SEED)
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(SEED)
+    specs = torch_models()
+
+    def data(shape):
+        return {"input": rng.normal(size=(8,) + tuple(shape[1:])).astype(np.float32)}
+
+    def build(name):
+        torch.manual_seed(SEED)
+        cls, shape = specs[name]
+        return cls().eval(), shape
+
+    # legacy TorchScript exporter, opset 11, BN kept, Constant weights, unnamed nodes
+    for name in ("ResBlock", "MobileBlock", "MLP", "MLP3d", "Decoder", "Shared", "Indirect"):
+        m, shape = build(name)
+        dyn = name in ("ResBlock", "Decoder")
+        proto = restyle(export_legacy(m, shape, 11, dynamic_spatial=dyn), ir_version=6)
+        save(f"legacy11_{name}", proto, data(shape))
+    # legacy exporter keeping initializers (named nodes), opset 13 and 17
+    for opset, name in ((13, "ResBlock"), (13, "MLP"), (17, "MobileBlock"), (17, "Decoder")):
+        m, shape = build(name)
+        save(f"legacy{opset}_{name}", export_legacy(m, shape, opset), data(shape))
+    # legacy exporter with folding (EVAL mode: BN fused by torch)
+    m, shape = build("ResBlock")
+    save("legacy11_fold_ResBlock", export_legacy(m, shape, 11, fold=True), data(shape))
+    # dynamo exporter (torch 2.13 default), opset 18
+    for name in ("ResBlock", "MobileBlock", "MLP", "Decoder", "Shared", "Indirect"):
+        m, shape = build(name)
+        try:
+            proto = export_dynamo(m, shape)
+        except Exception as e:  # noqa: BLE001
+            print(f"dynamo export of {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        save(f"dynamo18_{name}", proto, data(shape))
+    # dynamo, then Constant-node weights and cleared names
+    m, shape = build("MobileBlock")
+    save("dynamo18_const_MobileBlock", restyle(export_dynamo(m, shape)), data(shape))
+
+
+# ------------------------------------------------------------------------------------- keras
+def make_tf():
+    import tensorflow as tf
+    import tf2onnx
+
+    tf.random.set_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    inp = tf.keras.Input((12, 12, 3), name="input")
+    x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inp)
+    x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.ReLU()(x)
+    x = tf.keras.layers.DepthwiseConv2D(3, padding="same")(x)
+    x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.ReLU(6.0)(x)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    x = tf.keras.layers.Dense(16, activation="relu")(x)
+    out = tf.keras.layers.Dense(4, activation="softmax")(x)
+    model = tf.keras.Model(inp, out)
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            g, b, mu, var = layer.get_weights()
+            layer.set_weights([
+                rng.uniform(0.5, 1.5, g.shape).astype(np.float32),
+                rng.uniform(-0.3, 0.3, b.shape).astype(np.float32),
+                rng.uniform(-0.3, 0.3, mu.shape).astype(np.float32),
+                rng.uniform(0.5, 2.0, var.shape).astype(np.float32),
+            ])
+    spec = (tf.TensorSpec((None, 12, 12, 3), tf.float32, name="input"),)
+    for opset in (13,):
+        proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=opset)
+        save(f"tf2onnx{opset}_KerasCNN", proto,
+             {"input": rng.normal(size=(8, 12, 12, 3)).astype(np.float32)})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tf", action="store_true", help="only the Keras/tf2onnx models")
+    args = ap.parse_args(argv)
+    if args.tf:
+        make_tf()
+    else:
+        make_torch()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
