@@ -20,7 +20,7 @@ beyond the rounding of an int32 bias:
 
 - **propagated input quantizers**: a layer whose input comes from a quantized
   tensor through range-keeping ops (MaxPool, Reshape, Flatten, Transpose,
-  (Un)Squeeze, Identity, AveragePool, GlobalAveragePool) gets a Q/DQ with the
+  (Un)Squeeze, Identity, AveragePool, GlobalAveragePool, ReduceMean/Max/Min) gets a Q/DQ with the
   same parameters on its input (TFLite also runs these ops on the input's
   scale);
 - **int32 biases**: the bias of a Conv/ConvTranspose/Gemm whose weight and
@@ -47,7 +47,10 @@ from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS, group_of
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantConfig, QuantPlan, WeightPoint
 from qtool.onnx_rewrite.ranges import QParams, Storage, activation_params, weight_params
 
-PROPAGATE_THROUGH = RANGE_PRESERVING_OPS + ("AveragePool", "GlobalAveragePool")
+# ops whose output stays inside the input's range; ReduceMean is how torch's dynamo exporter writes
+# adaptive_avg_pool2d(1) and x.mean(...)
+PROPAGATE_THROUGH = RANGE_PRESERVING_OPS + ("AveragePool", "GlobalAveragePool", "ReduceMean", "ReduceMax",
+                                            "ReduceMin")
 _INT32 = np.iinfo(np.int32)
 
 

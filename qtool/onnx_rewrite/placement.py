@@ -333,6 +333,12 @@ class _Planner:
         values: dict[int, ir.Value] = {}
         for match in self.plan.layers:
             x = match.activation_input
+            # NHWC exports (tf2onnx) read the input through a Transpose: look through range-keeping ops
+            for _ in range(32):
+                producer = x.producer() if x is not None else None
+                if producer is None or producer.domain != "" or producer.op_type not in RANGE_PRESERVING_OPS:
+                    break
+                x = self.view.input(producer, 0)
             if x is None or not x.is_graph_input() or x.is_initializer():
                 continue
             readers.setdefault(id(x), []).append(match.layer)
@@ -357,10 +363,19 @@ class _Planner:
             if not variable:
                 continue  # arithmetic on constants
             consumers = self.view.consumers(out)
-            if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ACTIVATION_OPS:
-                self.left(node, f"output not quantized: it feeds {consumers[0].op_type} '{consumers[0].name}' (fused at inference)")
-                continue
             missing = [v for v in variable if not self.is_quantized(v)]
+            if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ACTIVATION_OPS:
+                act = consumers[0]
+                self.left(node, f"output not quantized: it feeds {act.op_type} '{act.name}' (fused at inference)")
+                if not missing and act.outputs[0] is not None:
+                    self._handled.add(id(act))
+                    # the activation's output is then the quantized one (TF: bypass Add -> Relu); tf2onnx
+                    # writes a batch norm it could not fold (after a depthwise conv) as Mul -> Add -> Relu6
+                    self.add_activation(
+                        act.outputs[0], f"activation_{node.op_type}_quant", node.name or node.op_type,
+                        f"{act.op_type} after {node.op_type} of quantized inputs", act, after_activation=True,
+                    )
+                continue
             if missing:
                 self.left(node, f"output not quantized: input '{missing[0].name}' is not quantized")
                 continue

@@ -11,6 +11,7 @@ is needed here.
 
 import json
 import os
+import re
 
 import numpy as np
 import onnx
@@ -111,6 +112,12 @@ def test_rewrite_eval(name, tmp_path):
             assert entry["node"] and entry["op"] and entry["reason"]
         # ops that only compute constants (a weight's Transpose/Cast, Clip bounds) are not float work
         assert "Cast" not in s["other_float_ops"], s["other_float_ops"]
+        # every layer gets quantized inputs (through pools, ReduceMean, Flatten...): onnxruntime runs it in
+        # int8; only after an activation TF's rules leave unquantized (LeakyRelu: the chain ends before it)
+        producers = {o: n.op_type for n in onnx.load(model).graph.node for o in n.output}
+        for note in s["notes"]:
+            m = re.search(r"its input '(.*)' is not quantized", note)
+            assert m is None or producers.get(m.group(1)) in ("LeakyRelu", "HardSigmoid", "Sigmoid"), note
         y = run(out, feeds)
         assert y.shape == ref.shape and np.isfinite(y).all()
         assert cosine(ref, y) > min_cos, (wb, ab, cosine(ref, y))
@@ -210,3 +217,18 @@ def test_simulate_sensitivity_with_shared_weights(name):
     result = simulate(model, data, calibration_data=data, sensitivity=True)
     text = json.dumps(result.to_dict() if hasattr(result, "to_dict") else result.summary, default=str)
     assert "sensitivity" in text
+
+
+def test_keras_nhwc_input_and_unfolded_batch_norm_are_quantized():
+    """tf2onnx: the graph input reaches the first Conv through a Transpose (NHWC -> NCHW), and the batch
+    norm after the depthwise conv stays as Mul -> Add -> Relu6 (Clip). The input was left unquantized
+    (only direct readers counted) and so was the Relu6 output (the Add deferred to the Clip, which
+    nobody quantized): the first Conv and the Dense ran with float inputs."""
+    model, data = paths("tf2onnx13_KerasCNN")
+    s = rewrite_eval(model, calibration_data=data).summary
+    quantized = {a["tensor"] for a in s["activations"]}
+    assert "input" in quantized
+    assert "functional_1/re_lu_1_2/Relu6:0" in quantized
+    assert len(s["propagated_inputs"]) == 2
+    assert "Clip" not in s["other_float_ops"]
+    assert not [n for n in s["notes"] if "is not quantized" in n], s["notes"]
