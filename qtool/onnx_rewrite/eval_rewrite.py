@@ -88,6 +88,45 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
+def open_for_rewrite(model, output, in_place: bool):
+    """Check the paths and load the model, before any work; shared by both rewrites.
+
+    Returns ``(ir_model, output, external_in, label)``: the IR model (a clone when
+    the caller passed an ``onnx_ir.Model``: the caller's model is never
+    modified; the tensors are shared, which is safe as a rewrite never writes
+    into one), the checked output path (the input with ``in_place``), whether
+    the input used external data, and the name to use in messages.
+    """
+    import onnx_ir as ir
+
+    from qtool.onnx_rewrite._io import check_output_path, load_model
+
+    external_in = False
+    if isinstance(model, (str, os.PathLike)):
+        src_path = os.fspath(model)
+        if in_place:
+            if output is not None and not _same_file(os.fspath(output), src_path):
+                raise QtoolError("give either an output path (-o) or --in-place, not both")
+            output = src_path
+        elif output is not None and os.path.exists(os.fspath(output)) and os.path.exists(src_path) \
+                and _same_file(os.fspath(output), src_path):
+            raise QtoolError(f"the output '{os.fspath(output)}' is the input model; use --in-place to replace it")
+        loaded = load_model(src_path)
+        ir_model = loaded.model
+        external_in = loaded.external_data
+        label = src_path
+    else:
+        if in_place:
+            raise QtoolError("--in-place needs a model path")
+        ir_model = as_ir_model(model)
+        if isinstance(model, ir.Model):
+            ir_model = model.clone()
+        label = "<model>"
+    if output is not None:
+        output = check_output_path(output)
+    return ir_model, output, external_in, label
+
+
 def prepare_for_calibration(model, **options):
     """Load, fold and plan like ``rewrite_eval``; returns ``(folded ir model, tensor names)``."""
     from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
@@ -148,7 +187,7 @@ def rewrite_eval(
 
     Returns a :class:`RewriteEvalResult` (``.model``, ``.summary``, ``.format_text()``).
     """
-    from qtool.onnx_rewrite._io import check_output_path, clamp_ir_version, load_model, save_model
+    from qtool.onnx_rewrite._io import clamp_ir_version, save_model
     from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
     from qtool.onnx_rewrite.eval_graph import encode_eval_graph, needed_opset
     from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
@@ -169,33 +208,8 @@ def rewrite_eval(
         raise QtoolError(f"batch size must be a positive integer, got {batch_size!r}")
 
     # --- paths: every check before any work ----------------------------------------------
-    src_path = None
-    external_in = False
-    if isinstance(model, (str, os.PathLike)):
-        src_path = os.fspath(model)
-        if in_place:
-            if output is not None and not _same_file(os.fspath(output), src_path):
-                raise QtoolError("give either an output path (-o) or --in-place, not both")
-            output = src_path
-        elif output is not None and os.path.exists(os.fspath(output)) and os.path.exists(src_path) \
-                and _same_file(os.fspath(output), src_path):
-            raise QtoolError(f"the output '{os.fspath(output)}' is the input model; use --in-place to replace it")
-        loaded = load_model(src_path)
-        clock.lap("load")
-        ir_model = loaded.model
-        external_in = loaded.external_data
-        label = src_path
-    else:
-        if in_place:
-            raise QtoolError("--in-place needs a model path")
-        ir_model = as_ir_model(model)
-        if ir_model is model:
-            # the caller's onnx_ir.Model is not modified: work on a clone (new graph, nodes and
-            # values; the tensors are shared, which is safe as the rewrite never writes into one)
-            ir_model = model.clone()
-        label = "<model>"
-    if output is not None:
-        output = check_output_path(output)
+    ir_model, output, external_in, label = open_for_rewrite(model, output, in_place)
+    clock.lap("load")
     if calibration_data is None and progress is not None:
         progress = None
 

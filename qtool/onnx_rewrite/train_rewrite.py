@@ -18,7 +18,6 @@ norm's output name.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -102,11 +101,11 @@ def rewrite_train(
     import onnx_ir as ir
 
     from qtool.onnx_rewrite import train_graph as tg
-    from qtool.onnx_rewrite._io import check_output_path, clamp_ir_version, load_model, save_model
+    from qtool.onnx_rewrite._io import clamp_ir_version, save_model
     from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
     from qtool.onnx_rewrite._train_ops import Ops
     from qtool.onnx_rewrite.constants import constant_source
-    from qtool.onnx_rewrite.eval_rewrite import _same_file, as_ir_model
+    from qtool.onnx_rewrite.eval_rewrite import open_for_rewrite
     from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
     from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
     from qtool.onnx_rewrite.fold_batch_norms_train import TrainFolder, find_train_folds
@@ -128,29 +127,7 @@ def rewrite_train(
         raise QtoolError(f"batch size must be a positive integer, got {batch_size!r}")
 
     # --- paths: every check before any work -----------------------------------------------
-    external_in = False
-    if isinstance(model, (str, os.PathLike)):
-        src_path = os.fspath(model)
-        if in_place:
-            if output is not None and not _same_file(os.fspath(output), src_path):
-                raise QtoolError("give either an output path (-o) or --in-place, not both")
-            output = src_path
-        elif output is not None and os.path.exists(os.fspath(output)) and os.path.exists(src_path) \
-                and _same_file(os.fspath(output), src_path):
-            raise QtoolError(f"the output '{os.fspath(output)}' is the input model; use --in-place to replace it")
-        loaded = load_model(src_path)
-        ir_model = loaded.model
-        external_in = loaded.external_data
-        label = src_path
-    else:
-        if in_place:
-            raise QtoolError("--in-place needs a model path")
-        ir_model = as_ir_model(model)
-        if isinstance(model, ir.Model):
-            ir_model = ir_model.clone()  # the caller's model is not modified
-        label = "<model>"
-    if output is not None:
-        output = check_output_path(output)
+    ir_model, output, external_in, label = open_for_rewrite(model, output, in_place)
 
     opset_in = default_opset(ir_model)
     ir_in = ir_model.ir_version
