@@ -83,7 +83,8 @@ def _int_attr(node: ir.Node, name: str, default: int) -> int:
     return default if attr is None else attr.as_int()
 
 
-def _layer_channels(layer: ir.Node, w: np.ndarray) -> int:
+def layer_channels(layer: ir.Node, w: np.ndarray) -> int:
+    """Output channels of a layer from its weight (the axis BN folding scales)."""
     op = layer.op_type
     if op == "Conv":
         return w.shape[0]
@@ -168,7 +169,7 @@ class FoldBatchNorm:
             if constant_source(value) is None:
                 return f"input {label} is not a constant ({not_constant_reason(value)})"
         w = constant_array(weight)
-        channels = _layer_channels(layer, w)
+        channels = layer_channels(layer, w)
         for label, value in zip(_BN_INPUTS, bn.inputs[1:5]):
             size = constant_array(value).size
             if size != channels:
@@ -203,7 +204,7 @@ class FoldBatchNorm:
         op = layer.op_type
         old_weight = layer.inputs[1]
         w = constant_array(old_weight)
-        channels = _layer_channels(layer, w)
+        channels = layer_channels(layer, w)
         rank = _output_rank(layer, w, self.view) or 2
         gamma, beta, mean, var = (constant_array(v).astype(np.float64).reshape(-1) for v in bn.inputs[1:5])
         eps = _float_attr(bn, "epsilon", 1e-5)

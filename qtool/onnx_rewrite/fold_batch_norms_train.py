@@ -40,7 +40,7 @@ import onnx_ir as ir
 from qtool.onnx_rewrite._names import NameScope, context_of
 from qtool.onnx_rewrite._train_ops import Ops
 from qtool.onnx_rewrite.constants import constant_array, constant_source, remove_if_unused
-from qtool.onnx_rewrite.fold_batch_norms import FoldBatchNorm, match_input
+from qtool.onnx_rewrite.fold_batch_norms import FoldBatchNorm, layer_channels, match_input
 from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
 from qtool.onnx_rewrite.patterns import BN_FOLD, group_of
 
@@ -102,17 +102,6 @@ def find_train_folds(graph: ir.Graph, names: NameScope, exclude=frozenset()):
     return folds, reasons
 
 
-def _channels(layer: ir.Node, w: np.ndarray) -> int:
-    op = layer.op_type
-    if op == "Conv":
-        return w.shape[0]
-    if op == "ConvTranspose":
-        return w.shape[1] * group_of(layer)
-    if op == "Gemm":
-        return w.shape[0] if _int_attr(layer, "transB", 0) else w.shape[1]
-    return w.shape[-1]
-
-
 def _weight_channel_shape(layer: ir.Node, w: np.ndarray) -> list[int]:
     """Shape that broadcasts a per-output-channel vector against the weight."""
     op = layer.op_type
@@ -150,7 +139,7 @@ class TrainFolder:
         prefix = ops.names.prefix(f"{ctx}/BatchNorm_Fold")
         x, w = layer.inputs[0], layer.inputs[1]
         w_array = constant_array(w)
-        channels = _channels(layer, w_array)
+        channels = layer_channels(layer, w_array)
         rank = w_array.ndim if op in ("Conv", "ConvTranspose") else 2
         axes = [0] + list(range(2, rank))
         out_shape = [1, channels] + [1] * (rank - 2)
