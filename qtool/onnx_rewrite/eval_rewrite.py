@@ -133,14 +133,7 @@ def prepare_for_calibration(model, **options):
     from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
     from qtool.onnx_rewrite.placement import QuantConfig, check_exclude, plan_quantization
 
-    config = QuantConfig(
-        weight_bits=options.get("weight_bits", 8),
-        activation_bits=options.get("activation_bits", 8),
-        symmetric=options.get("symmetric", False),
-        per_channel=options.get("per_channel", True),
-        scope=options.get("scope"),
-        exclude=frozenset(options.get("exclude") or ()),
-    )
+    config = QuantConfig(**{k: options[k] for k in QuantConfig.__dataclass_fields__ if k in options})
     ir_model = as_ir_model(model)
     if not isinstance(model, (str, os.PathLike)):
         ir_model = ir_model.clone() if hasattr(ir_model, "clone") else ir_model
@@ -195,14 +188,7 @@ def rewrite_eval(
     from qtool.onnx_rewrite.patterns import LAYER_OPS
     from qtool.onnx_rewrite.placement import QuantConfig, check_exclude, plan_quantization
 
-    config = QuantConfig(
-        weight_bits=weight_bits,
-        activation_bits=activation_bits,
-        symmetric=bool(symmetric),
-        per_channel=bool(per_channel),
-        scope=scope or None,
-        exclude=frozenset(exclude or ()),
-    )
+    config = QuantConfig(weight_bits, activation_bits, symmetric, per_channel, scope, exclude)
     clock = _Clock()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise QtoolError(f"batch size must be a positive integer, got {batch_size!r}")

@@ -77,6 +77,10 @@ class QuantConfig:
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
             if not isinstance(bits, int) or not 2 <= bits <= 16:
                 raise QtoolError(f"{label} bits must be between 2 and 16, got {bits!r}")
+        # normalized here once, whatever the caller passes (CLI flags, None, lists)
+        object.__setattr__(self, "symmetric", bool(self.symmetric))
+        object.__setattr__(self, "per_channel", bool(self.per_channel))
+        object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
 
     def out_of_scope(self, node: ir.Node) -> str | None:

@@ -113,14 +113,7 @@ def rewrite_train(
     from qtool.onnx_rewrite.patterns import weight_rank
     from qtool.onnx_rewrite.placement import QuantConfig, check_exclude, plan_quantization
 
-    config = QuantConfig(
-        weight_bits=weight_bits,
-        activation_bits=activation_bits,
-        symmetric=bool(symmetric),
-        per_channel=bool(per_channel),
-        scope=scope or None,
-        exclude=frozenset(exclude or ()),
-    )
+    config = QuantConfig(weight_bits, activation_bits, symmetric, per_channel, scope, exclude)
     quant_delay = _delay(quant_delay if quant_delay is not None else 0, "quant delay")
     freeze_bn_delay = _delay(freeze_bn_delay, "freeze_bn_delay")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
