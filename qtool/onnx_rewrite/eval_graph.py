@@ -45,7 +45,7 @@ from qtool.onnx_rewrite.constants import contiguous, constant_array, constant_so
 from qtool.onnx_rewrite.matcher import DEQUANTIZE, GraphView
 from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS, group_of
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantConfig, QuantPlan, WeightPoint
-from qtool.onnx_rewrite.ranges import QParams, Storage, activation_params, weight_params
+from qtool.onnx_rewrite.ranges import Storage, activation_params, weight_params
 
 # ops whose output stays inside the input's range; ReduceMean is how torch's dynamo exporter writes
 # adaptive_avg_pool2d(1) and x.mean(...)

@@ -39,8 +39,7 @@ import onnx_ir as ir
 
 from qtool.errors import QtoolError
 from qtool.onnx_rewrite import fake_quant_function as fqf
-from qtool.onnx_rewrite._names import NameScope
-from qtool.onnx_rewrite._train_ops import FLOAT, Ops
+from qtool.onnx_rewrite._train_ops import Ops
 from qtool.onnx_rewrite.placement import QuantConfig
 from qtool.onnx_rewrite.ranges import _ratio
 
@@ -322,7 +321,6 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
     every quantizer, state update, the step input, the function and the
     metadata go away.
     """
-    graph = model.graph
     if METADATA_KEY not in model.metadata_props:
         raise QtoolError(f"'{label}' has qtool::FakeQuant nodes but no 'qtool.training' metadata: "
                          "not a graph qtool wrote, or its metadata was removed")

@@ -147,7 +147,7 @@ def format_text(report: dict, limit: int = 15) -> str:
         for u in mdl["unmatched_activations"]:
             lines.append(f"    not compared: {u['quantizer']}: {u['reason']}")
         if mdl["weights"]:
-            lines.append(f"  weights, worst first")
+            lines.append("  weights, worst first")
             rows = [[fmt_db(w["sqnr_db"]), fmt_num(w.get("max_abs_error")), w["role"], w.get("dtype") or "-",
                      f"{w['layer']} ({w['op']})" + (f"  {w['problem']}" if w.get("problem") else "")]
                     for w in mdl["weights"][:limit]]
