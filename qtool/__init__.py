@@ -1,7 +1,11 @@
 """qtool: TensorFlow-exact quantization for ONNX models.
 
 The public API is loaded lazily so that ``import qtool`` (and ``qtool --help``)
-does not pay for numba, onnx or onnxruntime until a function is used.
+does not pay for numba, onnx or onnxruntime until a function is used. The
+kernels and the two rewrites are here by name (``qtool.rewrite_eval``);
+every command's function is in :mod:`qtool.api` (``qtool.api.calibrate``,
+``qtool.api.simulate``, ``qtool.api.finetune``: ``qtool.calibrate`` and
+``qtool.simulate`` are the packages).
 """
 
 from importlib import import_module as _import_module
@@ -21,10 +25,11 @@ _LAZY = {
     "nudged_range": "qtool.kernels",
     "quantize_codes": "qtool.kernels",
     "minmax": "qtool.kernels",
-    "rewrite_eval": "qtool.onnx_rewrite",
-    "rewrite_train": "qtool.onnx_rewrite",
-    "calibrate": "qtool.calibrate",
-    "simulate": "qtool.simulate",
+    "rewrite_eval": "qtool.api",
+    "rewrite_train": "qtool.api",
+    "QuantConfig": "qtool.config",
+    "CalibrationConfig": "qtool.config",
+    "TrainSchedule": "qtool.config",
 }
 
 __all__ = sorted(_LAZY) + ["QtoolError", "__version__"]

@@ -30,6 +30,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from qtool.errors import QtoolError
 
@@ -165,3 +166,42 @@ def select(ranges: Mapping, tensors, label: str = "the ranges file") -> dict:
             "other quantization options (--scope, --exclude, bits); run 'qtool calibrate' again with the same options"
         )
     return {t: ranges[t] for t in tensors}
+
+
+@dataclass
+class RangesFileSummary:
+    """What ``qtool calibrate`` wrote (``to_dict()`` is its ``--json``)."""
+
+    model: str | None
+    output: str
+    method: str
+    options: dict
+    tensors: int
+    samples: int
+    batches: int
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "output": self.output, "method": self.method, "options": self.options,
+                "tensors": self.tensors, "samples": self.samples, "batches": self.batches,
+                "seconds": round(self.seconds, 3), "warnings": list(self.warnings)}
+
+
+
+def write_ranges_file(path: str, result, model_label: str | None, quant, batch_size: int) -> RangesFileSummary:
+    """Write ``result`` (a :class:`~qtool.calibrate.runner.CalibrationResult`) as a ranges file."""
+    quantization = quant.to_dict()
+    doc = ranges_document(result.ranges, model=model_label, method=result.method, options=result.options,
+                          quantization=quantization, samples=result.num_samples, batches=result.num_batches,
+                          batch_size=batch_size)
+    save_ranges(path, doc)
+    warnings = []
+    missing = [name for name, r in result.ranges.items() if r is None]
+    if missing:
+        warnings.append(f"{len(missing)} tensor(s) saw no finite value and have no range (rewrite-eval gives them "
+                        "the default range): " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    if result.ignored_arrays:
+        warnings.append(f"ignored array(s) not named like a model input: {', '.join(result.ignored_arrays)}")
+    return RangesFileSummary(model_label, path, result.method, result.options, len(result.ranges),
+                             result.num_samples, result.num_batches, result.seconds, warnings)

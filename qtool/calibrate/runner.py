@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.calibrate.data import CalibrationData
 from qtool.calibrate.observers import Observer, make_observer
+from qtool.config import CalibrationConfig, QuantConfig
+from qtool.data import CalibrationData
 from qtool.errors import QtoolError
+from qtool.model.session import tapped_session, value_map
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -45,97 +47,19 @@ class CalibrationResult:
         }
 
 
-def _value_map(graph: ir.Graph) -> dict[str, ir.Value]:
-    values = {v.name: v for v in graph.inputs if v.name}
-    for node in graph:
-        for out in node.outputs:
-            if out.name:
-                values[out.name] = out
-    return values
-
-
-_NUMPY_TYPES = {
-    ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
-    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
-    ir.DataType.UINT64, ir.DataType.BOOL,
-}
-
-
-def _session(model: ir.Model, output_values: list[ir.Value]):
-    """An onnxruntime session computing ``output_values`` as extra outputs.
-
-    The weights are not serialized: the proto carries placeholders and
-    onnxruntime gets the tensors as OrtValues over the arrays qtool already
-    holds (memory-mapped for external data), so no copy and no 2 GB limit.
-    """
-    import onnxruntime as ort
-
-    from qtool.onnx_rewrite._io import light_proto
-
-    graph = model.graph
-    added = [v for v in output_values if not v.is_graph_output()]
-    typed = []
-    for v in added:
-        if v.type is None:
-            v.type = ir.TensorType(ir.DataType.FLOAT)
-            typed.append(v)
-    graph.outputs.extend(added)
-    try:
-        proto, saved = light_proto(model, movable=lambda t: t.dtype in _NUMPY_TYPES)
-    finally:
-        for _ in added:
-            graph.outputs.pop()
-        for v in typed:
-            v.type = None
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # no CPU arena: each batch's buffers go back to the system, so peak memory is one batch's
-    # activations (the arena keeps its high-water mark and grows with the batch size)
-    options.enable_cpu_mem_arena = False
-    names = list(saved)
-    arrays = [_array(saved[name]) for name in names]
-    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-    if names:
-        options.add_external_initializers(names, values)
-    try:
-        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise QtoolError(f"onnxruntime cannot run the model for calibration: {str(exc).strip().splitlines()[0]}") from exc
-    return session, (arrays, values)  # the arrays must outlive the session
-
-
-def _contiguous(array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
-
-
-def _array(tensor) -> np.ndarray:
-    return _contiguous(tensor.numpy())
-
-
-def collect_ranges(
-    model: ir.Model,
-    tensors: Sequence[str],
-    data: CalibrationData,
-    *,
-    batch_size: int = 16,
-    method: str = "minmax",
-    progress: Progress | None = None,
-    options: dict | None = None,
-) -> CalibrationResult:
-    """Observe ``tensors`` of ``model`` over ``data``; returns their ranges.
+def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
+                   calibration: CalibrationConfig = CalibrationConfig(), quant: QuantConfig = QuantConfig(),
+                   progress: Progress | None = None) -> CalibrationResult:
+    """Observe ``tensors`` of ``model`` over ``data`` with ``calibration.method``; returns their ranges.
 
     Tensors that are graph inputs are observed on the fed batches directly.
-    ``options``: the method's options (``percentile``, ``num_bins``,
-    ``ema_decay``, ``num_bits``, ``symmetric``; each observer takes the ones it
-    uses), checked before anything runs.
+    The histogram searches quantize with ``quant``'s activation bits and
+    symmetry. Bad methods and options fail before anything runs.
     """
-    if batch_size < 1:
-        raise QtoolError(f"batch size must be at least 1, got {batch_size}")
+    method, batch_size = calibration.method, calibration.batch_size
+    options = calibration.method_options(quant)
     start = time.perf_counter()
-    values = _value_map(model.graph)
-    options = dict(options or {})
+    values = value_map(model.graph)
     make_observer(method, **options)  # bad methods and options fail before the session is built
     observers = {name: make_observer(method, **options) for name in tensors}
     unknown = [t for t in tensors if t not in values]
@@ -143,12 +67,11 @@ def collect_ranges(
         raise QtoolError(f"cannot calibrate tensor '{unknown[0]}': not in the model")
     from_inputs = [t for t in tensors if values[t].is_graph_input()]
     from_outputs = [t for t in tensors if not values[t].is_graph_input()]
-    import onnxruntime as ort
-
     total = data.num_samples
     batches = 0
     if from_outputs or from_inputs:
-        session, keepalive = _session(model, [values[t] for t in from_outputs]) if from_outputs else (None, None)
+        session = (tapped_session(model, [values[t] for t in from_outputs], what="the model for calibration")
+                   if from_outputs else None)
         done = 0
         if progress is not None:
             progress(0, total)
@@ -156,22 +79,15 @@ def collect_ranges(
             for name in from_inputs:
                 observers[name].update(np.asarray(feed[name]))
             if session is not None:
-                # OrtValues in and out: onnxruntime's outputs are read in place, not copied
-                inputs = {k: ort.OrtValue.ortvalue_from_numpy(_contiguous(v)) for k, v in feed.items()}
-                try:
-                    outputs = session.run_with_ort_values(from_outputs, inputs)
-                except Exception as exc:  # noqa: BLE001
-                    raise QtoolError(
-                        f"onnxruntime failed on calibration batch {batches + 1}: {str(exc).strip().splitlines()[0]}"
-                    ) from exc
+                outputs = session.run(feed, from_outputs, what=f"calibration batch {batches + 1}")
                 for name, value in zip(from_outputs, outputs):
                     observers[name].update(value.numpy())
-                del outputs, inputs
+                del outputs
             batches += 1
             done += len(next(iter(feed.values())))
             if progress is not None:
                 progress(done, total)
-        del session, keepalive
+        del session
     ranges = {name: obs.range() for name, obs in observers.items()}
     return CalibrationResult(
         ranges, observers, method, total, batches, time.perf_counter() - start, list(data.ignored), options

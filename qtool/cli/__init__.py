@@ -1,22 +1,52 @@
-"""The ``qtool`` command line: parse options, call the library, print.
+"""The ``qtool`` command line: parse options, call :mod:`qtool.api`, print.
 
-No logic lives here, and nothing heavy is imported at module level: numba,
-onnx and onnxruntime are imported by the library functions a command calls,
-so ``qtool --help`` stays instant.
+No logic lives here. Each command's module (and with it ``qtool.api``,
+numba, onnx and onnxruntime) is imported only when that command runs:
+``COMMANDS`` maps a command name to its module, its click command and the
+one-line help ``qtool --help`` lists (a test keeps it equal to the
+command's own), so ``qtool --help`` stays instant.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from qtool import __version__
 from qtool.cli._common import QtoolGroup
-from qtool.cli.calibrate import calibrate_cmd
-from qtool.cli.rewrite import rewrite_eval_cmd, rewrite_train_cmd
-from qtool.cli.simulate import simulate_cmd
+
+# name -> (module, click command object, short help for `qtool --help`)
+COMMANDS = {
+    "rewrite-train": ("qtool.cli.rewrite", "rewrite_train_cmd",
+                      "Write a quantization-aware training graph (tf.contrib.quantize..."),
+    "rewrite-eval": ("qtool.cli.rewrite", "rewrite_eval_cmd",
+                     "Fold batch norms, insert QuantizeLinear/DequantizeLinear and write..."),
+    "simulate": ("qtool.cli.simulate", "simulate_cmd", "Report accuracy and per-tensor error of quantized versions of MODEL."),
+    "calibrate": ("qtool.cli.calibrate", "calibrate_cmd",
+                  "Run MODEL on --data and write the range of every tensor..."),
+}
 
 
-@click.group(cls=QtoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(QtoolGroup):
+    """Loads a command's module when the command is used, not to list it."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, short) for name, (_, _, short) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="qtool")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
@@ -31,9 +61,3 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-main.add_command(rewrite_train_cmd)
-main.add_command(rewrite_eval_cmd)
-main.add_command(simulate_cmd)
-main.add_command(calibrate_cmd)

@@ -159,14 +159,42 @@ def calibration_options(f):
     return f
 
 
-def method_options(method: str, percentile: float, num_bins: int, ema_decay: float) -> dict:
-    """The options of ``method`` to pass to the library (the others are left out)."""
-    from qtool.calibrate import method_options as _method_options
+def quantization_options(f):
+    """The options that decide what is quantized and how: ``QuantConfig``'s fields."""
+    exclude = click.option("--exclude", multiple=True, metavar="NODE_NAME",
+                           help="Keep this node in float (repeatable).")
+    for option in reversed((weight_bits_option, activation_bits_option, symmetric_option, per_channel_option,
+                            scope_option, exclude)):
+        f = option(f)
+    return f
 
-    opts = _method_options(method, percentile=percentile, num_bins=num_bins, ema_decay=ema_decay)
-    opts.pop("num_bits", None)
-    opts.pop("symmetric", None)
-    return opts
+
+def quant_config(params: dict):
+    """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
+    from qtool.config import QuantConfig  # a leaf module: no heavy imports
+
+    return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
+                       params.pop("per_channel"), params.pop("scope"), params.pop("exclude"))
+
+
+def calibration_config(params: dict):
+    """``CalibrationConfig`` from the parsed ``calibration_options`` and ``--batch-size`` (popped)."""
+    from qtool.config import CalibrationConfig
+
+    return CalibrationConfig(params.pop("calibration_method"), params.pop("batch_size"),
+                             params.pop("percentile"), params.pop("num_bins"), params.pop("ema_decay"))
+
+
+def print_result(result, as_json: bool) -> None:
+    """Warnings on stderr, then the summary: JSON (``--json``) or text."""
+    import json
+
+    for warning in result.to_dict().get("warnings", []):
+        click.echo(f"qtool: warning: {warning}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(result.format_text())
 
 
 def not_built(command: str, issue: str) -> None:

@@ -7,20 +7,18 @@ import sys
 
 import click
 
+from qtool import api
 from qtool.cli._common import (
     ProgressBars,
-    activation_bits_option,
     batch_size_option,
+    calibration_config,
     calibration_method_option,
     ema_decay_option,
     json_option,
-    method_options,
     num_bins_option,
-    per_channel_option,
     percentile_option,
-    scope_option,
-    symmetric_option,
-    weight_bits_option,
+    quant_config,
+    quantization_options,
 )
 
 
@@ -35,15 +33,9 @@ from qtool.cli._common import (
 @num_bins_option
 @ema_decay_option
 @batch_size_option
-@weight_bits_option
-@activation_bits_option
-@symmetric_option
-@per_channel_option
-@scope_option
-@click.option("--exclude", multiple=True, metavar="NODE_NAME", help="Keep this node in float (repeatable).")
+@quantization_options
 @json_option
-def calibrate_cmd(model, data, output, calibration_method, percentile, num_bins, ema_decay, batch_size, weight_bits,
-                  activation_bits, symmetric, per_channel, scope, exclude, as_json):
+def calibrate_cmd(model, data, output, as_json, **params):
     """Run MODEL on --data and write the range of every tensor rewrite-eval would quantize.
 
     Use the same quantization options (bits, --symmetric, --scope, --exclude)
@@ -53,23 +45,10 @@ def calibrate_cmd(model, data, output, calibration_method, percentile, num_bins,
       qtool calibrate model.onnx --data calib.npz -o ranges.json --method entropy
       qtool rewrite-eval model.onnx -o model.qdq.onnx --ranges ranges.json
     """
-    from qtool.calibrate import calibrate_to_file
-
     bar = ProgressBars(enabled=not as_json and sys.stderr.isatty())
     try:
-        summary = calibrate_to_file(
-            model, data, output,
-            method=calibration_method,
-            batch_size=batch_size,
-            progress=bar.calibration,
-            weight_bits=weight_bits,
-            activation_bits=activation_bits,
-            symmetric=symmetric,
-            per_channel=per_channel,
-            scope=scope,
-            exclude=exclude,
-            **method_options(calibration_method, percentile, num_bins, ema_decay),
-        )
+        summary = api.calibrate_to_file(model, data, output, quant=quant_config(params),
+                                        calibration=calibration_config(params), progress=bar.calibration).to_dict()
     finally:
         bar.close()
     for warning in summary["warnings"]:

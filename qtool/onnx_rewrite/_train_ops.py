@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from qtool.onnx_rewrite._names import NameScope
-from qtool.onnx_rewrite.constants import contiguous
+from qtool.model.names import NameScope
+from qtool.model.constants import contiguous
 
 FLOAT = ir.DataType.FLOAT
 

@@ -40,12 +40,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.onnx_rewrite._names import NameScope, context_of
-from qtool.onnx_rewrite.constants import contiguous, constant_array, constant_source, remove_if_unused
-from qtool.onnx_rewrite.matcher import DEQUANTIZE, GraphView
-from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS, group_of
-from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantConfig, QuantPlan, WeightPoint
-from qtool.onnx_rewrite.ranges import Storage, activation_params, weight_params
+from qtool.config import QuantConfig
+from qtool.model.codec import (
+    DEQUANTIZE,
+    Storage,
+    activation_params,
+    dq_params,
+    eight_bit_kernel_types,
+    storage,
+    storage_of,
+    weight_params,
+)
+from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
+from qtool.model.graph import GraphView
+from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
+from qtool.model.names import NameScope, context_of
+from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
+from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, WeightPoint
 
 # ops whose output stays inside the input's range; ReduceMean is how torch's dynamo exporter writes
 # adaptive_avg_pool2d(1) and x.mean(...)
@@ -69,8 +80,6 @@ class EvalEncoding:
 
 def needed_opset(config: QuantConfig) -> int:
     """The opset the eval encoding of ``config`` needs."""
-    from qtool.onnx_rewrite.ranges import storage
-
     need = 10
     if config.per_channel:
         need = 13
@@ -258,17 +267,6 @@ class EvalEncoder:
         self.result.activations.append(entry)
 
     # --- onnxruntime additions ----------------------------------------------------------------
-    def _dq_params(self, dq: ir.Node) -> tuple[ir.Value, ir.Value, ir.DataType] | None:
-        if len(dq.inputs) < 3 or dq.inputs[1] is None or dq.inputs[2] is None:
-            return None
-        if "axis" in dq.attributes and np.size(constant_array(dq.inputs[1])) != 1:
-            return None
-        zp = dq.inputs[2]
-        dtype = zp.dtype or (zp.const_value.dtype if zp.const_value is not None else None)
-        if dtype is None:
-            return None
-        return dq.inputs[1], zp, dtype
-
     def propagate_inputs(self) -> None:
         for match in self.plan.layers:
             layer = match.layer
@@ -294,14 +292,14 @@ class EvalEncoder:
                     break
                 through.append(p.op_type)
                 v = p.inputs[0]
-            params = self._dq_params(found) if found is not None and through else None
+            params = dq_params(found) if found is not None and through else None
             if params is None:
                 self.result.notes.append(
                     f"layer '{layer.name}': its input '{x.name}' is not quantized, so onnxruntime runs it with float inputs"
                 )
                 continue
             scale, zp, dtype = params
-            store = _storage_of(dtype, self.config.activation_bits, self.config.symmetric)
+            store = storage_of(dtype, self.config.activation_bits, self.config.symmetric)
             clip = store.needs_clip
             cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
             base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", clip, cast)
@@ -321,103 +319,18 @@ class EvalEncoder:
         return p is not None and p.domain == "" and p.op_type == DEQUANTIZE
 
     def quantize_biases(self) -> None:
+        rule = QuantizeBias(self)
         for match in self.plan.layers:
             layer = match.layer
-            if id(layer) not in self.weight_scales or layer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+            if id(layer) not in self.weight_scales or layer_bias(layer) is None:
+                continue  # no bias, or a layer whose weight qtool did not quantize
+            reason = rule.check(layer)
+            if reason is not None:
+                self.result.notes.append(f"layer '{layer.name}': bias left in float: {reason}")
                 continue
-            if len(layer.inputs) < 3 or layer.inputs[2] is None:
-                continue
-            bias = layer.inputs[2]
-            b = constant_array(bias)
-            if b is None or b.dtype != np.float32:
-                continue
-            x = layer.inputs[0]
-            xp = x.producer() if x is not None else None
-            if xp is None or xp.domain != "" or xp.op_type != DEQUANTIZE:
-                continue
-            x_scale = constant_array(xp.inputs[1])
-            if x_scale is None or x_scale.size != 1:
-                continue
-            if layer.op_type == "Gemm":
-                beta = layer.attributes.get("beta")
-                if (beta is not None and beta.as_float() != 1.0) or b.ndim != 1:
-                    continue
-            w_scale, axis = self.weight_scales[id(layer)]
-            channels = b.size
-            w_scale = np.asarray(w_scale, dtype=np.float32).reshape(-1)
-            if w_scale.size == 1:
-                per_out = np.full(channels, w_scale[0], dtype=np.float32)
-            elif layer.op_type == "ConvTranspose" and w_scale.size * group_of(layer) == channels:
-                per_out = np.tile(w_scale, group_of(layer))
-            elif w_scale.size == channels:
-                per_out = w_scale
-            else:
-                continue
-            b_scale = (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
-            if np.any(b_scale == 0) or not np.all(np.isfinite(b_scale)):
-                continue
-            q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
-            factor = 1
-            saturated = 0
-            if np.any(np.abs(q) > _INT32.max):
-                # The bias does not fit int32 at input_scale * weight_scale (16-bit grids make that
-                # scale ~1e-9). A float bias is no way out: onnxruntime's WeightBiasQuantization
-                # (ORT_ENABLE_BASIC and up, so the default session) quantizes the float bias of a QDQ
-                # Conv/ConvTranspose/Gemm to int32 at that scale itself, with an unchecked float->int32
-                # Cast: out-of-range channels become INT32_MIN (-2**31, sign flipped). On the sample
-                # at W16A16 that took accuracy from 99.6% (ORT_DISABLE_ALL) to 84% (default).
-                if _int_kernel_types(xp, layer.inputs[1]):
-                    # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32
-                    # bias at input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
-                    saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))
-                    q = np.clip(q, -_INT32.max, _INT32.max)
-                    self.result.notes.append(
-                        f"layer '{layer.name}': {saturated} bias value(s) saturated to the int32 range "
-                        "(the bias scale input_scale * weight_scale is too small for them)"
-                    )
-                else:
-                    # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the
-                    # bias DQ may have a coarser scale, a power-of-two multiple of the usual one.
-                    k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
-                    while True:
-                        factor = 2**k
-                        scaled = (b_scale * np.float32(factor)).astype(np.float32)
-                        q = np.rint(b.astype(np.float64).reshape(-1) / scaled.astype(np.float64))
-                        if not np.any(np.abs(q) > _INT32.max):
-                            break
-                        k += 1
-                    if not np.all(np.isfinite(scaled)):
-                        self.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
-                        continue
-                    b_scale = scaled
-            q = q.astype(np.int32)
-            ctx = context_of(layer.name or layer.op_type)
-            base = self.names.prefix(f"{ctx}/bias_quant", ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
-            per_tensor = self.opset < 13
-            if per_tensor and not np.all(b_scale == b_scale[0]):
-                continue
-            scale_arr = b_scale[:1].reshape(()) if per_tensor else b_scale
-            zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
-            q_init = self.initializer(f"{base}/quantized", q.reshape(b.shape))
-            scale = self.initializer(f"{base}/scale", scale_arr)
-            zp = self.initializer(f"{base}/zero_point", zp_arr)
-            attrs = {} if per_tensor else {"axis": 0}
-            dq = ir.node("DequantizeLinear", [q_init, scale, zp], attrs, name=f"{base}/DequantizeLinear")
-            dq.outputs[0].name = f"{base}/dequantized"
-            dq.outputs[0].dtype = ir.DataType.FLOAT
-            dq.outputs[0].shape = ir.Shape(b.shape)
-            self.graph.insert_before(layer, dq)
-            source = constant_source(bias)
-            layer.replace_input_with(2, dq.outputs[0])
-            if source is not None:
-                remove_if_unused(self.graph, source.nodes, [source.root])
-            err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0
-            entry = {"layer": layer.name, "quantizer": base, "max_abs_error": err}
-            if factor != 1:
-                entry["scale_factor"] = factor  # scale = factor * input_scale * weight_scale
-            if saturated:
-                entry["saturated"] = saturated
-            self.result.biases.append(entry)
+            entry = rule.rewrite(layer)
+            if entry is not None:
+                self.result.biases.append(entry)
 
     def run(self, ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
         for point in self.plan.new_weights():
@@ -430,34 +343,116 @@ class EvalEncoder:
         return self.result
 
 
-def _storage_of(dtype: ir.DataType, bits: int, symmetric: bool) -> Storage:
-    """The storage of an existing quantizer, from its zero point type."""
-    from qtool.onnx_rewrite.ranges import storage
+class QuantizeBias:
+    """Rule: the bias of a Conv/ConvTranspose/Gemm whose input and weight are quantized becomes
+    int32 with scale ``input_scale * weight_scale`` (per output channel) and zero point 0, TFLite's
+    encoding, which onnxruntime needs to fuse QLinearConv/QGemm. ``check`` says why a bias stays
+    float (the report shows it); ``rewrite`` inserts the int32 initializer and its DequantizeLinear."""
 
-    signed = dtype in (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT4)
-    st = storage(bits, signed=signed, narrow=False, int4=False)
-    if st.dtype != dtype:  # an existing quantizer of another width: keep its type, no clip
-        return Storage(dtype, st.shift, _full_bits(dtype), False)
-    return st
+    def __init__(self, encoder: EvalEncoder):
+        self.encoder = encoder
 
+    def _input_dq(self, layer: ir.Node) -> ir.Node | None:
+        x = layer_input(layer)
+        xp = x.producer() if x is not None else None
+        return xp if xp is not None and xp.domain == "" and xp.op_type == DEQUANTIZE else None
 
-def _int_kernel_types(x_dq: ir.Node, weight: ir.Value | None) -> bool:
-    """True when onnxruntime has integer kernels (QLinearConv/QGemm) for the layer's input and
-    weight types, i.e. both are 8-bit: it may then fuse the QDQ layer and use the int32 bias as is."""
-    eight = (ir.DataType.INT8, ir.DataType.UINT8)
+    def check(self, layer: ir.Node) -> str | None:
+        b = constant_array(layer_bias(layer))
+        if b is None or b.dtype != np.float32:
+            return "it is not a float32 constant"
+        xp = self._input_dq(layer)
+        if xp is None:
+            return "the layer's input is not quantized"
+        x_scale = constant_array(xp.inputs[1])
+        if x_scale is None or x_scale.size != 1:
+            return "the input quantizer has no single constant scale"
+        if layer.op_type == "Gemm" and (float_attr(layer, "beta", 1.0) != 1.0 or b.ndim != 1):
+            return "Gemm with beta != 1 or a bias that is not one value per output"
+        if self.scale(layer, b.size) is None:
+            return "its size does not match the weight's channels"
+        if self.encoder.opset < 13 and not np.all(self.scale(layer, b.size) == self.scale(layer, b.size)[0]):
+            return "per-channel bias scales need opset 13"
+        b_scale = self.scale(layer, b.size)
+        if np.any(b_scale == 0) or not np.all(np.isfinite(b_scale)):
+            return "the bias scale input_scale * weight_scale is 0 or not finite"
+        return None
 
-    def dq_type(dq):
-        if dq is None or dq.domain != "" or dq.op_type != DEQUANTIZE or not dq.inputs or dq.inputs[0] is None:
+    def scale(self, layer: ir.Node, channels: int) -> np.ndarray | None:
+        """``input_scale * weight_scale`` per output channel (float32), or None if the sizes do not fit."""
+        w_scale, _ = self.encoder.weight_scales[id(layer)]
+        per_out = per_output_channel(layer, np.asarray(w_scale, dtype=np.float32), channels)
+        if per_out is None:
             return None
-        v = dq.inputs[0]
-        return v.dtype or (v.const_value.dtype if v.const_value is not None else None)
+        x_scale = constant_array(self._input_dq(layer).inputs[1])
+        return (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
 
-    w_dq = weight.producer() if weight is not None else None
-    return dq_type(x_dq) in eight and dq_type(w_dq) in eight
+    def rewrite(self, layer: ir.Node) -> dict | None:
+        enc = self.encoder
+        bias = layer_bias(layer)
+        b = constant_array(bias)
+        b_scale = self.scale(layer, b.size)
+        q, b_scale, factor, saturated = self._integers(layer, b, b_scale)
+        if q is None:
+            return None
+        channels = b.size
+        base = enc.names.prefix(f"{context_of(layer.name or layer.op_type)}/bias_quant", ["DequantizeLinear"],
+                                ["quantized", "scale", "zero_point", "dequantized"])
+        per_tensor = enc.opset < 13
+        scale_arr = b_scale[:1].reshape(()) if per_tensor else b_scale
+        zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
+        q_init = enc.initializer(f"{base}/quantized", q.reshape(b.shape))
+        dq = ir.node("DequantizeLinear", [q_init, enc.initializer(f"{base}/scale", scale_arr),
+                                          enc.initializer(f"{base}/zero_point", zp_arr)],
+                     {} if per_tensor else {"axis": 0}, name=f"{base}/DequantizeLinear")
+        dq.outputs[0].name = f"{base}/dequantized"
+        dq.outputs[0].dtype = ir.DataType.FLOAT
+        dq.outputs[0].shape = ir.Shape(b.shape)
+        enc.graph.insert_before(layer, dq)
+        source = constant_source(bias)
+        layer.replace_input_with(2, dq.outputs[0])
+        if source is not None:
+            remove_if_unused(enc.graph, source.nodes, [source.root])
+        err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0
+        entry = {"layer": layer.name, "quantizer": base, "max_abs_error": err}
+        if factor != 1:
+            entry["scale_factor"] = factor  # scale = factor * input_scale * weight_scale
+        if saturated:
+            entry["saturated"] = saturated
+        return entry
 
-
-def _full_bits(dtype: ir.DataType) -> int:
-    return {ir.DataType.INT4: 4, ir.DataType.UINT4: 4, ir.DataType.INT16: 16, ir.DataType.UINT16: 16}.get(dtype, 8)
+    def _integers(self, layer: ir.Node, b: np.ndarray, b_scale: np.ndarray):
+        """``(int32 values, scale, scale factor, saturated count)``; values None: bias left float."""
+        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
+        if not np.any(np.abs(q) > _INT32.max):
+            return q.astype(np.int32), b_scale, 1, 0
+        # The bias does not fit int32 at input_scale * weight_scale (16-bit grids make that scale
+        # ~1e-9). A float bias is no way out: onnxruntime's WeightBiasQuantization (ORT_ENABLE_BASIC
+        # and up, so the default session) quantizes the float bias of a QDQ Conv/ConvTranspose/Gemm
+        # to int32 at that scale itself, with an unchecked float->int32 Cast: out-of-range channels
+        # become INT32_MIN (-2**31, sign flipped). On the sample at W16A16 that took accuracy from
+        # 99.6% (ORT_DISABLE_ALL) to 84% (default).
+        if eight_bit_kernel_types(self._input_dq(layer), layer_weight(layer)):
+            # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32 bias at
+            # input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
+            saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))
+            self.encoder.result.notes.append(
+                f"layer '{layer.name}': {saturated} bias value(s) saturated to the int32 range "
+                "(the bias scale input_scale * weight_scale is too small for them)")
+            return np.clip(q, -_INT32.max, _INT32.max).astype(np.int32), b_scale, 1, saturated
+        # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the bias DQ may
+        # have a coarser scale, a power-of-two multiple of the usual one.
+        k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
+        while True:
+            scaled = (b_scale * np.float32(2**k)).astype(np.float32)
+            q = np.rint(b.astype(np.float64).reshape(-1) / scaled.astype(np.float64))
+            if not np.any(np.abs(q) > _INT32.max):
+                break
+            k += 1
+        if not np.all(np.isfinite(scaled)):
+            self.encoder.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
+            return None, b_scale, 1, 0
+        return q.astype(np.int32), scaled, 2**k, 0
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,

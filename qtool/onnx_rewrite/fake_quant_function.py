@@ -39,6 +39,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from qtool.model.opset import default_opset
+
 DOMAIN = "qtool"
 NAME = "FakeQuant"
 DOMAIN_VERSION = 1
@@ -166,8 +168,6 @@ def has_fake_quant_function(model) -> bool:
 
 def add_fake_quant_function(model) -> None:
     """Add the function and the ``qtool`` opset import to an ``onnx_ir.Model``."""
-    from qtool.onnx_rewrite.opset import default_opset
-
     opset = default_opset(model)
     if opset < MIN_OPSET:
         raise ValueError(f"qtool::FakeQuant needs opset >= {MIN_OPSET}, the model has {opset}")

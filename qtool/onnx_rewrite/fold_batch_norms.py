@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from qtool.onnx_rewrite._names import NameScope, context_of
-from qtool.onnx_rewrite.constants import (
+from qtool.model.names import NameScope, context_of
+from qtool.model.constants import (
     contiguous,
     constant_array,
     constant_source,
@@ -39,7 +39,8 @@ from qtool.onnx_rewrite.constants import (
     remove_if_unused,
 )
 from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
-from qtool.onnx_rewrite.patterns import BN_FOLD, check_layer, group_of, weight_is_quantized
+from qtool.model.layers import check_layer, float_attr, group_of, int_attr, output_channels, weight_is_quantized
+from qtool.onnx_rewrite.patterns import BN_FOLD
 
 _BN_INPUTS = ("scale", "B", "mean", "var")
 
@@ -73,28 +74,6 @@ class FoldReport:
     skipped: list[FoldSkip]
 
 
-def _float_attr(node: ir.Node, name: str, default: float) -> float:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_float()
-
-
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
-def layer_channels(layer: ir.Node, w: np.ndarray) -> int:
-    """Output channels of a layer from its weight (the axis BN folding scales)."""
-    op = layer.op_type
-    if op == "Conv":
-        return w.shape[0]
-    if op == "ConvTranspose":
-        return w.shape[1] * group_of(layer)
-    if op == "Gemm":
-        return w.shape[0] if _int_attr(layer, "transB", 0) else w.shape[1]
-    return w.shape[-1]
-
-
 def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     if layer.op_type in ("Conv", "ConvTranspose"):
         return w.ndim
@@ -110,7 +89,7 @@ def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     if ranks is None:
         if layer.graph is None:
             return None
-        from qtool.onnx_rewrite.opset import inferred_ranks
+        from qtool.model.opset import inferred_ranks
 
         ranks = view.inferred_ranks = inferred_ranks(layer.graph)
     return ranks.get(a.name)
@@ -150,15 +129,15 @@ class FoldBatchNorm:
     def check(self, match: Match) -> str | None:
         """None when the match can be folded, else the reason it cannot."""
         layer, bn, bias_add = match.nodes["layer"], match.nodes["bn"], match.get("bias_add")
-        reason = check_layer(layer, self.view)
+        reason = check_layer(layer)
         if reason is not None:
             return f"layer '{layer.name}': {reason}"
         weight = layer.inputs[1]
         if weight_is_quantized(weight):
             return f"layer '{layer.name}' already has quantized weights"
-        if _int_attr(bn, "training_mode", 0) == 1:
+        if int_attr(bn, "training_mode", 0) == 1:
             return "it is in training mode (training_mode=1)"
-        if _int_attr(bn, "spatial", 1) == 0:
+        if int_attr(bn, "spatial", 1) == 0:
             return "spatial=0 (per-activation statistics) cannot be folded into a layer"
         for out in bn.outputs[1:]:
             if out.uses() or out.is_graph_output():
@@ -169,7 +148,7 @@ class FoldBatchNorm:
             if constant_source(value) is None:
                 return f"input {label} is not a constant ({not_constant_reason(value)})"
         w = constant_array(weight)
-        channels = layer_channels(layer, w)
+        channels = output_channels(layer, w)
         for label, value in zip(_BN_INPUTS, bn.inputs[1:5]):
             size = constant_array(value).size
             if size != channels:
@@ -204,10 +183,10 @@ class FoldBatchNorm:
         op = layer.op_type
         old_weight = layer.inputs[1]
         w = constant_array(old_weight)
-        channels = layer_channels(layer, w)
+        channels = output_channels(layer, w)
         rank = _output_rank(layer, w, self.view) or 2
         gamma, beta, mean, var = (constant_array(v).astype(np.float64).reshape(-1) for v in bn.inputs[1:5])
-        eps = _float_attr(bn, "epsilon", 1e-5)
+        eps = float_attr(bn, "epsilon", 1e-5)
         s = gamma / np.sqrt(var + np.float64(np.float32(eps)))
 
         if op == "Conv":
@@ -218,7 +197,7 @@ class FoldBatchNorm:
             k = w.shape[2:]
             blocks = w.reshape((g, cin // g, cpg) + k)
             w_new = _scaled(blocks, s.reshape((g, 1, cpg) + (1,) * len(k))).reshape(w.shape)
-        elif op == "Gemm" and _int_attr(layer, "transB", 0):
+        elif op == "Gemm" and int_attr(layer, "transB", 0):
             w_new = _scaled(w, s[:, None])
         else:  # Gemm transB=0, MatMul [K, N]
             w_new = _scaled(w, s[None, :])
@@ -230,7 +209,7 @@ class FoldBatchNorm:
             old_bias = layer.inputs[2]
             c = constant_array(old_bias)
             if op == "Gemm":
-                c = _channel_vector(c, channels, 2) * _float_attr(layer, "beta", 1.0)
+                c = _channel_vector(c, channels, 2) * float_attr(layer, "beta", 1.0)
             b = b + c.astype(np.float64).reshape(channels)
         add_const = None
         if bias_add is not None:

@@ -37,22 +37,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.onnx_rewrite._names import NameScope, context_of
+from qtool.model.names import NameScope, context_of
 from qtool.onnx_rewrite._train_ops import Ops
-from qtool.onnx_rewrite.constants import constant_array, constant_source, remove_if_unused
-from qtool.onnx_rewrite.fold_batch_norms import FoldBatchNorm, layer_channels, match_input
+from qtool.model.constants import constant_array, constant_source, remove_if_unused
+from qtool.onnx_rewrite.fold_batch_norms import FoldBatchNorm, match_input
 from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
-from qtool.onnx_rewrite.patterns import BN_FOLD, group_of
-
-
-def _int_attr(node: ir.Node, name: str, default: int) -> int:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_int()
-
-
-def _float_attr(node: ir.Node, name: str, default: float) -> float:
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.as_float()
+from qtool.model.layers import channel_shape, float_attr, group_of, output_channels
+from qtool.onnx_rewrite.patterns import BN_FOLD
 
 
 @dataclass
@@ -102,21 +93,6 @@ def find_train_folds(graph: ir.Graph, names: NameScope, exclude=frozenset()):
     return folds, reasons
 
 
-def _weight_channel_shape(layer: ir.Node, w: np.ndarray) -> list[int]:
-    """Shape that broadcasts a per-output-channel vector against the weight."""
-    op = layer.op_type
-    shape = [1] * w.ndim
-    if op == "Conv":
-        shape[0] = -1
-    elif op == "ConvTranspose":
-        shape[1] = -1
-    elif op == "Gemm" and _int_attr(layer, "transB", 0):
-        shape[0] = -1
-    else:
-        shape[-1] = -1
-    return shape
-
-
 class TrainFolder:
     def __init__(self, graph: ir.Graph, ops: Ops, step_ge_freeze: ir.Value | None):
         self.graph = graph
@@ -139,7 +115,7 @@ class TrainFolder:
         prefix = ops.names.prefix(f"{ctx}/BatchNorm_Fold")
         x, w = layer.inputs[0], layer.inputs[1]
         w_array = constant_array(w)
-        channels = layer_channels(layer, w_array)
+        channels = output_channels(layer, w_array)
         rank = w_array.ndim if op in ("Conv", "ConvTranspose") else 2
         axes = [0] + list(range(2, rank))
         out_shape = [1, channels] + [1] * (rank - 2)
@@ -165,8 +141,8 @@ class TrainFolder:
         gamma, beta, mean_c, var_c = bn.inputs[1:5]
         for v in (gamma, beta):
             params.add(v.name)
-        eps = np.float32(_float_attr(bn, "epsilon", 1e-5))
-        momentum = _float_attr(bn, "momentum", 0.9)
+        eps = np.float32(float_attr(bn, "epsilon", 1e-5))
+        momentum = float_attr(bn, "momentum", 0.9)
         mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(mean_c).reshape(channels))
         var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(var_c).reshape(channels))
         gamma_v = ops.reshape(gamma, [channels], f"{prefix}/gamma")
@@ -181,8 +157,8 @@ class TrainFolder:
                 vec = self._bias_vector(b, channels, 2, f"{prefix}/layer_bias")
             else:  # a Conv bias is one value per output channel
                 vec = ops.reshape(b, [channels], f"{prefix}/layer_bias")
-            if op == "Gemm" and _float_attr(layer, "beta", 1.0) != 1.0:
-                beta_attr = ops.const(f"{prefix}/gemm_beta", np.float32(_float_attr(layer, "beta", 1.0)))
+            if op == "Gemm" and float_attr(layer, "beta", 1.0) != 1.0:
+                beta_attr = ops.const(f"{prefix}/gemm_beta", np.float32(float_attr(layer, "beta", 1.0)))
                 vec = ops.op("Mul", [vec, beta_attr], f"{prefix}/layer_bias_scaled")
             biases.append(vec)
         add_const = None
@@ -199,7 +175,7 @@ class TrainFolder:
         sigma_mv = ops.op("Sqrt", [ops.op("Add", [var_mv, eps_c], f"{prefix}/moving_variance_eps")], f"{prefix}/sigma_moving")
         sigma_b = ops.op("Sqrt", [ops.op("Add", [var_b, eps_c], f"{prefix}/batch_variance_eps")], f"{prefix}/sigma_batch")
         multiplier = ops.op("Div", [gamma_v, sigma_mv], f"{prefix}/multiplier")
-        w_mult = ops.reshape(multiplier, _weight_channel_shape(layer, w_array), f"{prefix}/multiplier_weight")
+        w_mult = ops.reshape(multiplier, channel_shape(layer, w_array.ndim), f"{prefix}/multiplier_weight")
         w_fold = ops.op("Mul", [w, w_mult], f"{prefix}/mul_fold", shape=w_array.shape)
 
         recip = ops.op("Div", [sigma_mv, sigma_b], f"{prefix}/correction_recip_compute")
@@ -255,7 +231,7 @@ class TrainFolder:
             "output": bn_name,
             "layer_inputs": layer_inputs,
             "layer_output": layer_output.name,
-            "gemm_beta": _float_attr(layer, "beta", 1.0) if op == "Gemm" else None,
+            "gemm_beta": float_attr(layer, "beta", 1.0) if op == "Gemm" else None,
             "scale": gamma.name,
             "bias": beta.name,
             "moving_mean": mean_mv.name,

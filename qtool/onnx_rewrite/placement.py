@@ -43,54 +43,26 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
+from qtool.config import QuantConfig
 from qtool.errors import QtoolError
-from qtool.onnx_rewrite._names import context_of
-from qtool.onnx_rewrite.constants import is_constant
-from qtool.onnx_rewrite.matcher import DEQUANTIZE, QUANTIZE, GraphView, Match
-from qtool.onnx_rewrite.patterns import (
+from qtool.model.codec import DEQUANTIZE, QUANTIZE
+from qtool.model.constants import is_constant
+from qtool.model.graph import GraphView
+from qtool.model.layers import (
     ACTIVATION_INPUT,
-    ACTIVATION_OPS,
-    LAYER_CHAIN,
-    LAYER_OPS,
-    RANGE_PRESERVING_OPS,
     check_layer,
+    is_layer,
     layer_weight,
     output_channel_axis,
     weight_is_quantized,
     weight_rank,
 )
+from qtool.model.names import context_of
+from qtool.onnx_rewrite.matcher import Match
+from qtool.onnx_rewrite.patterns import ACTIVATION_OPS, LAYER_CHAIN, RANGE_PRESERVING_OPS
 
 DEFAULT_RANGE = (-6.0, 6.0)
 DEFAULT_RANGE_AFTER_ACTIVATION = (0.0, 6.0)
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    weight_bits: int = 8
-    activation_bits: int = 8
-    symmetric: bool = False
-    per_channel: bool = True
-    scope: str | None = None
-    exclude: frozenset[str] = frozenset()
-
-    def __post_init__(self):
-        for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
-            if not isinstance(bits, int) or not 2 <= bits <= 16:
-                raise QtoolError(f"{label} bits must be between 2 and 16, got {bits!r}")
-        # normalized here once, whatever the caller passes (CLI flags, None, lists)
-        object.__setattr__(self, "symmetric", bool(self.symmetric))
-        object.__setattr__(self, "per_channel", bool(self.per_channel))
-        object.__setattr__(self, "scope", self.scope or None)
-        object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
-
-    def out_of_scope(self, node: ir.Node) -> str | None:
-        """Why ``node`` is outside the rewrite's scope (None when inside)."""
-        name = node.name or ""
-        if name in self.exclude:
-            return f"'{name}' is excluded (--exclude)"
-        if self.scope and not name.startswith(self.scope):
-            return f"'{name}' is outside --scope '{self.scope}'"
-        return None
 
 
 @dataclass
@@ -187,7 +159,9 @@ class QuantPlan:
         return not self.new_weights() and not self.new_activations()
 
 
-class _Planner:
+class PlanContext:
+    """What the placement rules share: the graph, the plan being built, and its bookkeeping."""
+
     def __init__(self, graph: ir.Graph, config: QuantConfig):
         self.graph = graph
         self.config = config
@@ -195,9 +169,8 @@ class _Planner:
         self.plan = QuantPlan(config)
         self._points: dict[int, ActivationPoint] = {}
         self._left: dict[str, LeftInFloat] = {}
-        self._handled: set[int] = set()  # nodes some rule looked at
+        self.handled: set[int] = set()  # nodes some rule looked at
 
-    # --- bookkeeping -------------------------------------------------------------
     def left(self, node: ir.Node, reason: str) -> None:
         key = node.name or str(id(node))
         if key not in self._left:
@@ -206,17 +179,13 @@ class _Planner:
     def exists(self, value: ir.Value) -> bool:
         return self.view.quantizer_after(value) is not None
 
-    def add_activation(
-        self,
-        value: ir.Value,
-        kind: str,
-        context: str,
-        rule: str,
-        producer: ir.Node | None,
-        *,
-        after_activation: bool = False,
-        consumers: list[ir.Node] | None = None,
-    ) -> ActivationPoint | None:
+    def point(self, value: ir.Value) -> ActivationPoint | None:
+        return self._points.get(id(value))
+
+    def add_activation(self, value: ir.Value, kind: str, context: str, rule: str, producer: ir.Node | None, *,
+                       after_activation: bool = False, consumers: list[ir.Node] | None = None,
+                       ) -> ActivationPoint | None:
+        """Quantize ``value`` (once: a second rule asking for the same tensor shares the point)."""
         if id(value) in self._points:
             return self._points[id(value)]
         if producer is not None:
@@ -247,167 +216,221 @@ class _Planner:
             value = self.view.input(producer, 0)
         return False
 
-    # --- rules ----------------------------------------------------------------------
-    def find_layers(self) -> None:
-        for node in self.graph:
-            if node.domain != "" or node.op_type not in LAYER_OPS:
-                continue
-            self._handled.add(id(node))
-            reason = check_layer(node, self.view)
-            if reason is not None:
-                self.left(node, reason)
-                continue
-            chain = LAYER_CHAIN.match(node, self.view)
-            x = self.view.input(node, ACTIVATION_INPUT[node.op_type])
-            self.plan.layers.append(LayerMatch(node, chain, x))
+    def finish(self) -> QuantPlan:
+        self.plan.left_in_float = list(self._left.values())
+        return self.plan
 
-    def weights(self) -> None:
+
+class PlacementRule:
+    """One placement rule: ``candidates`` (match), ``check`` (the reason it does not apply, which
+    the report shows), ``apply`` (add quantization points to the plan). Rules run in order; a
+    later rule sees the points of the earlier ones."""
+
+    name = "rule"
+
+    def candidates(self, ctx: PlanContext):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def check(self, ctx: PlanContext, candidate) -> str | None:
+        return None
+
+    def apply(self, ctx: PlanContext, candidate) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def run(self, ctx: PlanContext) -> None:
+        for candidate in list(self.candidates(ctx)):
+            reason = self.check(ctx, candidate)
+            if reason is None:
+                self.apply(ctx, candidate)
+            elif isinstance(candidate, ir.Node):
+                ctx.left(candidate, reason)
+
+
+class FindLayers(PlacementRule):
+    """Layer ops with a quantizable constant weight, and the TF chain after each."""
+
+    name = "layers"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if is_layer(n)]
+
+    def check(self, ctx, node):
+        ctx.handled.add(id(node))
+        return check_layer(node)
+
+    def apply(self, ctx, node):
+        chain = LAYER_CHAIN.match(node, ctx.view)
+        x = ctx.view.input(node, ACTIVATION_INPUT[node.op_type])
+        ctx.plan.layers.append(LayerMatch(node, chain, x))
+
+
+class LayerWeights(PlacementRule):
+    """Rule 1: a weight quantizer per weight tensor; every layer reading it must be in scope."""
+
+    name = "weights"
+
+    def candidates(self, ctx):
         groups: dict[int, list[ir.Node]] = {}
-        values: dict[int, ir.Value] = {}
-        for match in self.plan.layers:
-            weight = layer_weight(match.layer, self.view)
-            groups.setdefault(id(weight), []).append(match.layer)
-            values[id(weight)] = weight
-        for key, layers in groups.items():
-            weight = values[key]
-            reasons = [(n, self.config.out_of_scope(n)) for n in layers]
-            bad = [(n, r) for n, r in reasons if r is not None]
-            if bad:
-                for node, reason in reasons:
-                    if reason is not None:
-                        self.left(node, f"weights not quantized: {reason}")
-                    else:
-                        other = bad[0][0]
-                        self.left(node, f"weights not quantized: shared with '{other.name}', which is out of scope")
-                continue
-            axis = None
-            if self.config.per_channel:
-                axes = {output_channel_axis(n, weight_rank(n) or 2) for n in layers}
-                if len(axes) == 1:
-                    axis = axes.pop()
-            context = context_of(layers[0].name or layers[0].op_type)
-            self.plan.weights.append(WeightPoint(weight, layers, axis, context, weight_is_quantized(weight)))
+        for match in ctx.plan.layers:
+            groups.setdefault(id(layer_weight(match.layer)), []).append(match.layer)
+        return list(groups.values())
 
-    def chains(self) -> None:
-        for match in self.plan.layers:
-            layer = match.layer
-            ctx = context_of(layer.name or layer.op_type)
-            bias, bypass = match.get("bias_add"), match.get("bypass")
-            act, post = match.get("activation"), match.get("post_bypass")
-            for node in (bias, bypass, act, post):
-                if node is not None:
-                    self._handled.add(id(node))
-            linear = bias or layer
-            if bypass is not None:
-                self.add_activation(
-                    linear.outputs[0], "conv_quant", ctx, "layer output entering a bypass Add", linear,
-                    consumers=[bypass],
-                )
-                after = self.view.consumers(bypass.outputs[0])
-                acts = [c for c in after if c.domain == "" and c.op_type in ACTIVATION_OPS]
-                if acts:
-                    self.left(bypass, f"output not quantized: it feeds {acts[0].op_type} '{acts[0].name}' (fused at inference)")
-                else:
-                    self.add_activation(
-                        bypass.outputs[0], "add_quant", context_of(bypass.name or "Add"), "bypass Add output", bypass,
-                        consumers=after,
-                    )
-            if act is not None:
-                self.add_activation(
-                    act.outputs[0], "act_quant", ctx, f"{act.op_type} at the end of the layer chain", act,
-                    after_activation=True,
-                )
-            elif bypass is None:
-                self.add_activation(
-                    linear.outputs[0], "act_quant", ctx, "end of a layer chain without activation", linear,
-                )
-            if post is not None:
-                after = self.view.consumers(post.outputs[0])
-                acts = [c for c in after if c.domain == "" and c.op_type in ACTIVATION_OPS]
-                if acts:
-                    self.left(post, f"output not quantized: it feeds {acts[0].op_type} '{acts[0].name}' (fused at inference)")
-                else:
-                    self.add_activation(
-                        post.outputs[0], "post_activation_bypass_quant", context_of(post.name or "Add"),
-                        "post-activation bypass Add output", post,
-                    )
+    def check(self, ctx, layers):
+        bad = [(n, ctx.config.out_of_scope(n)) for n in layers]
+        bad = [(n, r) for n, r in bad if r is not None]
+        if not bad:
+            return None
+        for node in layers:
+            reason = ctx.config.out_of_scope(node)
+            ctx.left(node, f"weights not quantized: {reason}" if reason is not None else
+                     f"weights not quantized: shared with '{bad[0][0].name}', which is out of scope")
+        return "out of scope"
 
-    def graph_inputs(self) -> None:
-        readers: dict[int, list[ir.Node]] = {}
-        values: dict[int, ir.Value] = {}
-        for match in self.plan.layers:
+    def apply(self, ctx, layers):
+        weight = layer_weight(layers[0])
+        axis = None
+        if ctx.config.per_channel:
+            axes = {output_channel_axis(n, weight_rank(n) or 2) for n in layers}
+            if len(axes) == 1:
+                axis = axes.pop()
+        context = context_of(layers[0].name or layers[0].op_type)
+        ctx.plan.weights.append(WeightPoint(weight, layers, axis, context, weight_is_quantized(weight)))
+
+
+def _feeds_activation(ctx: PlanContext, node: ir.Node) -> ir.Node | None:
+    after = ctx.view.consumers(node.outputs[0])
+    acts = [c for c in after if c.domain == "" and c.op_type in ACTIVATION_OPS]
+    return acts[0] if acts else None
+
+
+class LayerChains(PlacementRule):
+    """Rule 2: TF's ``layer -> [bias Add] -> [bypass Add] -> [Relu|Clip] -> [post bypass Add]``."""
+
+    name = "chains"
+
+    def candidates(self, ctx):
+        return list(ctx.plan.layers)
+
+    def apply(self, ctx, match):
+        layer = match.layer
+        ctx_name = context_of(layer.name or layer.op_type)
+        bias, bypass = match.get("bias_add"), match.get("bypass")
+        act, post = match.get("activation"), match.get("post_bypass")
+        ctx.handled.update(id(n) for n in (bias, bypass, act, post) if n is not None)
+        linear = bias or layer
+        if bypass is not None:
+            self._bypass(ctx, linear, bypass, ctx_name)
+        if act is not None:
+            ctx.add_activation(act.outputs[0], "act_quant", ctx_name, f"{act.op_type} at the end of the layer chain",
+                               act, after_activation=True)
+        elif bypass is None:
+            ctx.add_activation(linear.outputs[0], "act_quant", ctx_name, "end of a layer chain without activation",
+                               linear)
+        if post is not None:
+            feeds = _feeds_activation(ctx, post)
+            if feeds is not None:
+                ctx.left(post, f"output not quantized: it feeds {feeds.op_type} '{feeds.name}' (fused at inference)")
+            else:
+                ctx.add_activation(post.outputs[0], "post_activation_bypass_quant", context_of(post.name or "Add"),
+                                   "post-activation bypass Add output", post)
+
+    @staticmethod
+    def _bypass(ctx, linear, bypass, ctx_name):
+        ctx.add_activation(linear.outputs[0], "conv_quant", ctx_name, "layer output entering a bypass Add", linear,
+                           consumers=[bypass])
+        feeds = _feeds_activation(ctx, bypass)
+        if feeds is not None:
+            ctx.left(bypass, f"output not quantized: it feeds {feeds.op_type} '{feeds.name}' (fused at inference)")
+        else:
+            ctx.add_activation(bypass.outputs[0], "add_quant", context_of(bypass.name or "Add"), "bypass Add output",
+                               bypass, consumers=ctx.view.consumers(bypass.outputs[0]))
+
+
+class GraphInputs(PlacementRule):
+    """Rule 3: graph inputs read by a layer op (through range-keeping ops: tf2onnx's NHWC Transpose)."""
+
+    name = "graph inputs"
+
+    def candidates(self, ctx):
+        readers: dict[int, tuple[ir.Value, list[ir.Node]]] = {}
+        for match in ctx.plan.layers:
             x = match.activation_input
-            # NHWC exports (tf2onnx) read the input through a Transpose: look through range-keeping ops
             for _ in range(32):
                 producer = x.producer() if x is not None else None
                 if producer is None or producer.domain != "" or producer.op_type not in RANGE_PRESERVING_OPS:
                     break
-                x = self.view.input(producer, 0)
+                x = ctx.view.input(producer, 0)
             if x is None or not x.is_graph_input() or x.is_initializer():
                 continue
-            readers.setdefault(id(x), []).append(match.layer)
-            values[id(x)] = x
-        for key, layers in readers.items():
-            x = values[key]
-            self.add_activation(
-                x, "input_quant", x.name or "input", "graph input read by a layer op", None, consumers=layers
-            )
+            readers.setdefault(id(x), (x, []))[1].append(match.layer)
+        return list(readers.values())
 
-    def intermediate(self) -> None:
-        """TF's _QuantizeActivationLayers: Add/Mul of quantized tensors."""
-        for node in self.graph:
-            if node.domain != "" or node.op_type not in ("Add", "Mul"):
-                continue
-            self._handled.add(id(node))
-            out = node.outputs[0]
-            if id(out) in self._points:
-                continue
-            inputs = [self.view.input(node, i) for i in range(len(node.inputs))]
-            variable = [v for v in inputs if v is not None and not is_constant(v)]
-            if not variable:
-                continue  # arithmetic on constants
-            consumers = self.view.consumers(out)
-            missing = [v for v in variable if not self.is_quantized(v)]
-            if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ACTIVATION_OPS:
-                act = consumers[0]
-                self.left(node, f"output not quantized: it feeds {act.op_type} '{act.name}' (fused at inference)")
-                if not missing and act.outputs[0] is not None:
-                    self._handled.add(id(act))
-                    # the activation's output is then the quantized one (TF: bypass Add -> Relu); tf2onnx
-                    # writes a batch norm it could not fold (after a depthwise conv) as Mul -> Add -> Relu6
-                    self.add_activation(
-                        act.outputs[0], f"activation_{node.op_type}_quant", node.name or node.op_type,
-                        f"{act.op_type} after {node.op_type} of quantized inputs", act, after_activation=True,
-                    )
-                continue
-            if missing:
-                self.left(node, f"output not quantized: input '{missing[0].name}' is not quantized")
-                continue
-            self.add_activation(
-                out, f"activation_{node.op_type}_quant", node.name or node.op_type,
-                f"{node.op_type} of quantized inputs", node,
-            )
+    def apply(self, ctx, candidate):
+        x, layers = candidate
+        ctx.add_activation(x, "input_quant", x.name or "input", "graph input read by a layer op", None,
+                           consumers=layers)
 
-    def others(self) -> None:
+
+class QuantizedArithmetic(PlacementRule):
+    """Rule 4 (TF's _QuantizeActivationLayers): an Add/Mul of quantized inputs gets its output
+    quantized; when it feeds Relu/Clip, the activation's output instead."""
+
+    name = "arithmetic"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if n.domain == "" and n.op_type in ("Add", "Mul")]
+
+    def check(self, ctx, node):
+        ctx.handled.add(id(node))
+        return None
+
+    def apply(self, ctx, node):
+        out = node.outputs[0]
+        if ctx.point(out) is not None:
+            return
+        variable = [v for v in (ctx.view.input(node, i) for i in range(len(node.inputs)))
+                    if v is not None and not is_constant(v)]
+        if not variable:
+            return  # arithmetic on constants
+        consumers = ctx.view.consumers(out)
+        missing = [v for v in variable if not ctx.is_quantized(v)]
+        kind = f"activation_{node.op_type}_quant"
+        if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ACTIVATION_OPS:
+            act = consumers[0]
+            ctx.left(node, f"output not quantized: it feeds {act.op_type} '{act.name}' (fused at inference)")
+            if not missing and act.outputs[0] is not None:
+                ctx.handled.add(id(act))
+                # the activation's output is then the quantized one (TF: bypass Add -> Relu); tf2onnx
+                # writes a batch norm it could not fold (after a depthwise conv) as Mul -> Add -> Relu6
+                ctx.add_activation(act.outputs[0], kind, node.name or node.op_type,
+                                   f"{act.op_type} after {node.op_type} of quantized inputs", act,
+                                   after_activation=True)
+            return
+        if missing:
+            ctx.left(node, f"output not quantized: input '{missing[0].name}' is not quantized")
+            return
+        ctx.add_activation(out, kind, node.name or node.op_type, f"{node.op_type} of quantized inputs", node)
+
+
+class CountOtherOps(PlacementRule):
+    """Not a placement: counts the float work no rule looked at, for the report."""
+
+    name = "other ops"
+
+    def candidates(self, ctx):
         skip = {"Constant", QUANTIZE, DEQUANTIZE}
-        for node in self.graph:
-            if id(node) in self._handled or node.op_type in skip:
-                continue
-            inputs = [v for v in node.inputs if v is not None]
-            if inputs and all(is_constant(v) for v in inputs):
-                continue  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
-            self.plan.other_ops[node.op_type] += 1
+        return [n for n in ctx.graph if id(n) not in ctx.handled and n.op_type not in skip]
 
-    def run(self) -> QuantPlan:
-        self.find_layers()
-        self.weights()
-        self.chains()
-        self.graph_inputs()
-        self.intermediate()
-        self.others()
-        self.plan.left_in_float = list(self._left.values())
-        # quantized points never also appear as "left in float"
-        return self.plan
+    def apply(self, ctx, node):
+        inputs = [v for v in node.inputs if v is not None]
+        if inputs and all(is_constant(v) for v in inputs):
+            return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
+        ctx.plan.other_ops[node.op_type] += 1
+
+
+# TF's order (tf.contrib.quantize.python.quantize.Quantize); each rule sees the earlier ones' points
+RULES: tuple[PlacementRule, ...] = (FindLayers(), LayerWeights(), LayerChains(), GraphInputs(),
+                                    QuantizedArithmetic(), CountOtherOps())
 
 
 def check_exclude(graph: ir.Graph, exclude) -> None:
@@ -417,6 +440,9 @@ def check_exclude(graph: ir.Graph, exclude) -> None:
         raise QtoolError(f"--exclude: no node named {', '.join(repr(u) for u in unknown)} in the model")
 
 
-def plan_quantization(graph: ir.Graph, config: QuantConfig) -> QuantPlan:
-    """TF's placement rules on ``graph`` (batch norms folded first). Pure: edits nothing."""
-    return _Planner(graph, config).run()
+def plan_quantization(graph: ir.Graph, config: QuantConfig, rules: tuple[PlacementRule, ...] = RULES) -> QuantPlan:
+    """The placement rules on ``graph`` (batch norms folded first). Pure: edits nothing."""
+    ctx = PlanContext(graph, config)
+    for rule in rules:
+        rule.run(ctx)
+    return ctx.finish()

@@ -1,6 +1,21 @@
-"""The rewrite summary as text for the terminal (``--json`` prints the dict itself)."""
+"""What a rewrite did, as typed results: text for the terminal, a dict for ``--json``.
+
+:class:`RewriteResult` (``rewrite_eval``) and :class:`TrainResult`
+(``rewrite_train``) hold the typed pieces (the plan, the folds, the
+encoding, the calibration); the summary dict is built only at the edge, by
+``to_dict()`` (``.summary``).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from qtool.config import QuantConfig, TrainSchedule
+from qtool.onnx_rewrite.eval_graph import EvalEncoding
+from qtool.onnx_rewrite.eval_rewrite import EvalGraph
+from qtool.onnx_rewrite.train_rewrite import TrainEncoded, TrainGraph
 
 
 def _plural(n: int, word: str) -> str:
@@ -9,33 +24,140 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("es" if word.endswith(("s", "ch")) else "s")
 
 
+def _first(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
+@dataclass
+class Files:
+    """Where a rewrite read and wrote."""
+
+    input: str
+    output: str | None
+    in_place: bool = False
+    external_data: str | None = None
+
+
+@dataclass
+class RewriteResult:
+    """The rewritten model (an ``onnx_ir.Model``) and what was done to it."""
+
+    model: ir.Model
+    files: Files
+    prepared: EvalGraph
+    encoding: EvalEncoding
+    calibration: object | None = None  # qtool.calibrate.CalibrationResult
+    ranges_from: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def config(self) -> QuantConfig:
+        return self.prepared.config
+
+    @property
+    def summary(self) -> dict:
+        return self.to_dict()
+
+    def left_in_float(self) -> list[dict]:
+        p, e = self.prepared, self.encoding
+        return ([x.to_dict() for x in p.folds.skipped] + [x.to_dict() for x in p.plan.left_in_float]
+                + [x.to_dict() for x in e.left_in_float])
+
+    def counts(self) -> dict:
+        plan, e, folds = self.prepared.plan, self.encoding, self.prepared.folds
+        return {
+            "batch_norms_folded": len(folds.folded),
+            "batch_norms_not_folded": len(folds.skipped),
+            "layers_quantized": sum(len(w["layers"]) for w in e.weights),
+            "weights_quantized": len(e.weights),
+            "activations_quantized": len(e.activations),
+            "propagated_input_quantizers": len(e.propagated),
+            "biases_int32": len(e.biases),
+            "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
+            "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
+            "left_in_float": len(self.left_in_float()),
+        }
+
+    def to_dict(self) -> dict:
+        p, e = self.prepared, self.encoding
+        opset_out = p.model.opset_imports.get("", p.opset_in)
+        return {
+            "input": self.files.input,
+            "output": self.files.output,
+            "in_place": bool(self.files.in_place),
+            "opset": {"input": p.opset_in, "output": opset_out},
+            "ir_version": {"input": p.ir_in, "output": p.model.ir_version},
+            "options": self.config.to_dict(),
+            "counts": self.counts(),
+            "batch_norms_folded": [f.to_dict() for f in p.folds.folded],
+            "weights": e.weights,
+            "activations": e.activations,
+            "propagated_inputs": e.propagated,
+            "biases": e.biases,
+            "left_in_float": self.left_in_float(),
+            "other_float_ops": dict(sorted(p.plan.other_ops.items())),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "changed": bool(p.folds.folded or e.weights or e.activations or e.propagated or e.biases
+                            or p.opset_in != opset_out),
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "external_data": self.files.external_data,
+            **({"ranges_from": self.ranges_from} if self.ranges_from else {}),
+            "timings": dict(self.timings),
+        }
+
+    def format_text(self) -> str:
+        return format_summary(self.to_dict())
+
+
+def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | None,
+                  ignored_arrays: list[str]) -> tuple[list[str], list[str]]:
+    """The warnings and notes of an eval rewrite."""
+    warnings: list[str] = []
+    notes: list[str] = []
+    if prepared.plan.new_activations() and ranges is None:
+        warnings.append(
+            "no calibration data: activation ranges are TensorFlow's defaults ((-6, 6), and (0, 6) "
+            "after Relu/Clip); the model needs calibration (--calibration-data) to be accurate"
+        )
+    missing = [name for name, r in (ranges or {}).items() if r is None]
+    if missing:
+        warnings.append(f"{len(missing)} tensor(s) saw no finite value during calibration and use the default "
+                        f"range: {_first(missing)}")
+    if ignored_arrays:
+        notes.append(f"calibration data: ignored array(s) not named like a model input: {', '.join(ignored_arrays)}")
+    if encoding.activations:
+        notes.append(
+            "QuantizeLinear rounds activations half to even at run time; TensorFlow's FakeQuant rounds "
+            "half up (exact ties differ by one step). Weights are rounded offline, exactly as TensorFlow."
+        )
+    if prepared.config.per_channel and any(w["op"] == "ConvTranspose" for w in encoding.weights):
+        notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
+    notes.extend(encoding.notes)
+    plan = prepared.plan
+    if plan.is_empty() and any(p.exists for p in plan.weights + plan.activations) and not prepared.folds.folded:
+        notes.append("the model is already quantized: nothing to do")
+    return warnings, notes
+
+
 def format_summary(s: dict) -> str:
     c = s["counts"]
     o = s["options"]
-    lines = []
-    target = s["output"] or "(not written)"
-    lines.append(f"qtool rewrite-eval: {s['input']} -> {target}")
+    lines = [f"qtool rewrite-eval: {s['input']} -> {s['output'] or '(not written)'}"]
     if s["opset"]["input"] != s["opset"]["output"]:
         lines.append(f"  opset                  {s['opset']['input']} -> {s['opset']['output']}")
     folded = c["batch_norms_folded"]
-    total_bn = folded + c["batch_norms_not_folded"]
-    lines.append(f"  batch norms folded     {folded} of {total_bn}")
+    lines.append(f"  batch norms folded     {folded} of {folded + c['batch_norms_not_folded']}")
     mode = "per-channel" if o["per_channel"] else "per-tensor"
     sym = ", symmetric" if o["symmetric"] else ""
     lines.append(
         f"  layers quantized       {c['layers_quantized']}  "
         f"({_plural(c['weights_quantized'], 'weight tensor')}, {o['weight_bits']}-bit {mode}{sym})"
     )
-    calib = s.get("calibration")
-    if calib:
-        where = f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
-    elif s.get("ranges_from"):
-        where = f"ranges from {s['ranges_from']}"
-    elif c["activations_quantized"]:
-        where = "TensorFlow's default ranges: NOT CALIBRATED"
-    else:
-        where = "none new"
-    lines.append(f"  activations quantized  {c['activations_quantized']}  ({o['activation_bits']}-bit, {where})")
+    lines.append(f"  activations quantized  {c['activations_quantized']}  ({o['activation_bits']}-bit, "
+                 f"{_ranges_source(s)})")
     extra = []
     if c["propagated_input_quantizers"]:
         extra.append(_plural(c["propagated_input_quantizers"], "propagated input quantizer"))
@@ -48,18 +170,175 @@ def format_summary(s: dict) -> str:
             f"  already quantized      {c['already_quantized_weights']} weights, "
             f"{c['already_quantized_activations']} activations (left as they are)"
         )
-    left = s["left_in_float"]
-    if left:
-        lines.append(f"  left in float          {len(left)}")
-        width = max(len(f"{x['node']} ({x['op']})") for x in left)
-        for x in left:
-            label = f"{x['node']} ({x['op']})"
-            lines.append(f"    {label:<{width}}  {x['reason']}")
+    lines.extend(_left_lines(s["left_in_float"]))
     if s["other_float_ops"]:
         ops = ", ".join(f"{op} x{n}" for op, n in s["other_float_ops"].items())
         lines.append(f"  other ops (no rule)    {ops}")
+    return "\n".join(lines + _tail_lines(s))
+
+
+def _ranges_source(s: dict) -> str:
+    calib = s.get("calibration")
+    if calib:
+        return f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
+    if s.get("ranges_from"):
+        return f"ranges from {s['ranges_from']}"
+    if s["counts"]["activations_quantized"]:
+        return "TensorFlow's default ranges: NOT CALIBRATED"
+    return "none new"
+
+
+def _left_lines(left: list[dict]) -> list[str]:
+    if not left:
+        return []
+    lines = [f"  left in float          {len(left)}"]
+    width = max(len(f"{x['node']} ({x['op']})") for x in left)
+    for x in left:
+        lines.append(f"    {x['node'] + ' (' + x['op'] + ')':<{width}}  {x['reason']}")
+    return lines
+
+
+def _tail_lines(s: dict) -> list[str]:
+    lines = []
     if s.get("external_data"):
         lines.append(f"  external data          {s['external_data']}")
-    for note in s["notes"]:
-        lines.append(f"  note: {note}")
-    return "\n".join(lines)
+    lines.extend(f"  note: {note}" for note in s["notes"])
+    return lines
+
+
+@dataclass
+class TrainResult:
+    """The training graph (an ``onnx_ir.Model``) and what was done; ``prepared``/``encoded`` are
+    None when the input already was a qtool training graph (``contract`` is then its own)."""
+
+    model: ir.Model
+    files: Files
+    config: QuantConfig
+    schedule: TrainSchedule
+    contract: dict
+    prepared: TrainGraph | None = None
+    encoded: TrainEncoded | None = None
+    calibration: object | None = None  # qtool.calibrate.CalibrationResult
+    ignored_arrays: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> dict:
+        return self.to_dict()
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.messages()[0]
+
+    def options(self) -> dict:
+        return {**self.config.to_dict(), "quant_delay": self.schedule.quant_delay,
+                "freeze_bn_delay": self.schedule.freeze_bn_delay}
+
+    def messages(self) -> tuple[list[str], list[str]]:
+        if self.encoded is None:
+            return [], self._already_notes()
+        warnings, notes = [], []
+        acts = self.encoded.encoding.activations
+        defaults = [a["tensor"] for a in acts if a["range_source"] == "default"]
+        if defaults and self.calibration is None:
+            notes.append("no calibration data: activation ranges start at TensorFlow's defaults ((-6, 6), and (0, 6) "
+                         "after Relu/Clip) and move by the EMA (decay 0.999) during training")
+        if self.calibration is not None and defaults:
+            warnings.append(f"{len(defaults)} tensor(s) saw no finite value during calibration and start at "
+                            f"the default range: {_first(defaults)}")
+        if self.ignored_arrays:
+            notes.append("calibration data: ignored array(s) not named like a model input: "
+                         + ", ".join(self.ignored_arrays))
+        p = self.prepared
+        opset_out = self.model.opset_imports.get("", p.opset_in)
+        if p.opset_in != opset_out:
+            notes.append(f"opset raised from {p.opset_in} to {opset_out} (the qtool::FakeQuant function body needs 13)")
+        return warnings, notes
+
+    def _already_notes(self) -> list[str]:
+        notes = ["the model is already a qtool training graph: nothing to do (not rewritten twice)"]
+        recorded = self.contract.get("options", {})
+        differ = [k for k, v in self.options().items() if k in recorded and recorded[k] != v]
+        if differ:
+            notes.append("it was rewritten with other options (" + ", ".join(
+                f"{k}={recorded[k]!r}" for k in differ) + "); rewrite the float model to change them")
+        return notes
+
+    def counts(self) -> dict:
+        contract = self.contract
+        if self.encoded is None:
+            left, weights, acts, folds = [], [], [], []
+        else:
+            left, folds = self.encoded.left_in_float, self.encoded.folds
+            weights, acts = self.encoded.encoding.weights, self.encoded.encoding.activations
+        return {
+            "batch_norms_folded": len(folds),
+            "batch_norms_not_folded": sum(1 for x in left if x["op"] == "BatchNormalization"),
+            "layers_quantized": sum(len(w["layers"]) for w in weights),
+            "weights_quantized": len(weights),
+            "activations_quantized": len(acts),
+            "state_tensors": len(contract.get("state", {})),
+            "parameters": len(contract.get("parameters", [])),
+            "left_in_float": len(left),
+        }
+
+    def to_dict(self) -> dict:
+        warnings, notes = self.messages()
+        e = self.encoded
+        opset_in = self.prepared.opset_in if self.prepared else self.model.opset_imports.get("", 0)
+        ir_in = self.prepared.ir_in if self.prepared else self.model.ir_version
+        return {
+            "input": self.files.input,
+            "output": self.files.output,
+            "in_place": bool(self.files.in_place),
+            "opset": {"input": opset_in, "output": self.model.opset_imports.get("", opset_in)},
+            "ir_version": {"input": ir_in, "output": self.model.ir_version},
+            "options": self.options() if e is not None else (self.contract.get("options") or self.options()),
+            "already_training_graph": e is None,
+            "counts": self.counts(),
+            "batch_norms_folded": [] if e is None else [
+                {"batch_norm": f.batch_norm, "layer": f.layer.name, "op": f.layer.op_type, "state": f.state}
+                for f in e.folds],
+            "weights": [] if e is None else e.encoding.weights,
+            "activations": [] if e is None else e.encoding.activations,
+            "left_in_float": [] if e is None else e.left_in_float,
+            **({} if e is None else {"other_float_ops": dict(sorted(self.prepared.plan.other_ops.items()))}),
+            "step_input": self.contract.get("step_input"),
+            "state": self.contract.get("state", {}),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "changed": e is not None,
+            "warnings": warnings,
+            "notes": notes,
+            "external_data": self.files.external_data,
+        }
+
+    def format_text(self) -> str:
+        return format_train_summary(self.to_dict())
+
+
+def format_train_summary(s: dict) -> str:
+    c = s["counts"]
+    o = s["options"]
+    lines = [f"qtool rewrite-train: {s['input']} -> {s['output'] or '(not written)'}"]
+    if s.get("already_training_graph"):
+        lines.append(f"  state tensors          {c['state_tensors']} (step input '{s['step_input']}')")
+        lines.extend(f"  note: {note}" for note in s["notes"])
+        return "\n".join(lines)
+    if s["opset"]["input"] != s["opset"]["output"]:
+        lines.append(f"  opset                  {s['opset']['input']} -> {s['opset']['output']}")
+    total_bn = c["batch_norms_folded"] + c["batch_norms_not_folded"]
+    freeze = o["freeze_bn_delay"]
+    lines.append(f"  batch norms folded     {c['batch_norms_folded']} of {total_bn}  (training fold, "
+                 + (f"frozen from step {freeze})" if freeze is not None else "never frozen)"))
+    mode = "per-channel" if o["per_channel"] else "per-tensor"
+    sym = ", symmetric" if o["symmetric"] else ""
+    lines.append(f"  layers quantized       {c['layers_quantized']}  ({c['weights_quantized']} weight tensor(s), "
+                 f"{o['weight_bits']}-bit {mode}{sym}, ranges recomputed every step)")
+    calib = s.get("calibration")
+    where = (f"initial ranges calibrated: {calib['samples']} samples, {calib['method']}" if calib
+             else "initial ranges: TensorFlow's defaults")
+    lines.append(f"  activations quantized  {c['activations_quantized']}  ({o['activation_bits']}-bit, EMA ranges, {where})")
+    lines.append(f"  quant delay            {o['quant_delay']} step(s)")
+    lines.append(f"  state tensors          {c['state_tensors']}  (fed by '{s['step_input']}' loop, "
+                 f"outputs '<state>:updated'), {c['parameters']} trainable parameters")
+    lines.extend(_left_lines(s["left_in_float"]))
+    return "\n".join(lines + _tail_lines(s))

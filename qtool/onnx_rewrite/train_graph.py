@@ -35,13 +35,15 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite._train_ops import Ops
-from qtool.onnx_rewrite.placement import QuantConfig
-from qtool.onnx_rewrite.ranges import _ratio
+from qtool.config import QuantConfig
+from qtool.model.codec import symmetric_ratio, widen
+from qtool.model.io import load_model
 
 METADATA_KEY = "qtool.training"
 CONTRACT_VERSION = 1
@@ -97,7 +99,7 @@ class TrainEncoder:
     def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str):
         ops = self.ops
         if self.config.symmetric:
-            r = ops.const(f"{base}/min_max_ratio", _ratio(bits, narrow))
+            r = ops.const(f"{base}/min_max_ratio", symmetric_ratio(bits, narrow))
             new_lo = ops.op("Min", [lo, ops.op("Div", [hi, r], f"{base}/max_over_ratio")], f"{base}/range_min")
             new_hi = ops.op("Max", [hi, ops.op("Mul", [lo, r], f"{base}/min_times_ratio")], f"{base}/range_max")
             return new_lo, new_hi
@@ -203,8 +205,6 @@ class TrainEncoder:
 
 
 def _widen_numpy(lo, hi, bits: int, symmetric: bool):
-    from qtool.onnx_rewrite.ranges import widen
-
     lo, hi = widen(lo, hi, bits=bits, narrow=False, symmetric=symmetric)
     return np.float32(lo), np.float32(hi)
 
@@ -217,15 +217,11 @@ def is_training_graph(model: ir.Model) -> bool:
 
 def training_contract(model) -> dict:
     """The parsed ``qtool.training`` metadata of a model (path, ModelProto or onnx_ir.Model)."""
-    import onnx
-
     if isinstance(model, onnx.ModelProto):
         props = {p.key: p.value for p in model.metadata_props}
     elif isinstance(model, ir.Model):
         props = dict(model.metadata_props)
     else:
-        from qtool.onnx_rewrite._io import load_model
-
         props = dict(load_model(model).model.metadata_props)
     if METADATA_KEY not in props:
         raise QtoolError("the model is not a qtool training graph (no 'qtool.training' metadata)")

@@ -193,7 +193,7 @@ def _load(model, what: str):
     import onnx
     import onnx_ir as ir
 
-    from qtool.onnx_rewrite._io import load_model
+    from qtool.model.io import load_model
 
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
@@ -207,7 +207,7 @@ def _load(model, what: str):
 
 
 def _read_data(data, specs, labels: str | None):
-    from qtool.calibrate.data import load_calibration_data
+    from qtool.data import load_calibration_data
 
     label = None
     if isinstance(data, (str, os.PathLike)):
@@ -255,7 +255,7 @@ def _read_data(data, specs, labels: str | None):
 
 
 def _check_inputs_match(float_specs, q_model, label: str) -> None:
-    from qtool.calibrate.data import input_specs
+    from qtool.data import input_specs
 
     q_specs = input_specs(q_model)
     fs = {s.name: s for s in float_specs}
@@ -363,9 +363,9 @@ def simulate(
     of each pass over data.
     """
     start = time.perf_counter()
-    from qtool.calibrate.data import input_specs
+    from qtool.data import input_specs
     from qtool.kernels import metrics as m
-    from qtool.onnx_rewrite._names import name_unnamed_nodes
+    from qtool.model.names import name_unnamed_nodes
     from qtool.simulate import graph as g
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -408,7 +408,8 @@ def simulate(
     notes: list[str] = []
     calibration = None
     if not quantized:
-        from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+        from qtool.api import rewrite_eval  # TEMPORARY until the simulate refactor lands (injected by api)
+        from qtool.config import CalibrationConfig, QuantConfig
 
         if calibration_data is None:
             cal_source = {k: v for k, v in dataset.arrays.items()}
@@ -428,9 +429,8 @@ def simulate(
                 result = rewrite_eval(
                     f_model if not isinstance(model, (str, os.PathLike)) else model,
                     calibration_data=cal_source,
-                    batch_size=batch_size,
-                    weight_bits=wb,
-                    activation_bits=ab,
+                    calibration=CalibrationConfig(batch_size=batch_size),
+                    quant=QuantConfig(weight_bits=wb, activation_bits=ab),
                     progress=cb,
                 )
                 if calibration is not None and "samples" not in calibration and result.summary.get("calibration"):
@@ -448,7 +448,7 @@ def simulate(
     def folded_graph(exclude: frozenset):
         """The float model with the batch norms folded that the quantized model folded (for weights)."""
         if exclude not in folded_cache:
-            from qtool.onnx_rewrite._names import NameScope
+            from qtool.model.names import NameScope
             from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 
             folded = f_named.clone()

@@ -37,7 +37,7 @@ from functools import cached_property
 import numpy as np
 import onnx_ir as ir
 
-from qtool.onnx_rewrite.constants import constant_array
+from qtool.model.constants import constant_array
 
 LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _CODE_DTYPES = {

@@ -7,6 +7,7 @@ import onnx_ir as ir
 import pytest
 
 import qtool
+from qtool.config import CalibrationConfig, QuantConfig
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL = SAMPLES / "digits_cnn.onnx"
@@ -29,8 +30,7 @@ def accuracies():
     out = {}
     for bits in (8, 3):
         for method in METHODS:
-            result = qtool.rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"),
-                                        calibration_method=method, activation_bits=bits)
+            result = qtool.rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"), quant=QuantConfig(activation_bits=bits), calibration=CalibrationConfig(method=method))
             out[bits, method] = accuracy(result.model)
     return out
 

@@ -7,8 +7,9 @@ import pytest
 from model_builders import Builder, run, x_data
 
 import qtool
-from qtool.onnx_rewrite.constants import constant_array
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.model.constants import constant_array
+from qtool.api import rewrite_eval
+from qtool.config import QuantConfig
 
 
 def init(model: ir.Model, name: str) -> np.ndarray:
@@ -52,7 +53,7 @@ AXIS = {"conv": 0, "depthwise": 0, "convtranspose": 1, "gemm0": 1, "gemm1": 0, "
 def test_stored_weights_are_the_kernel_codes(kind, symmetric):
     proto, feeds = layer_model(kind)
     w = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer if t.name == proto.graph.node[0].input[1])
-    result = rewrite_eval(proto, calibration_data=feeds, symmetric=symmetric)
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=symmetric))
     model = result.model
     dq = node(model, "L/weights_quant/DequantizeLinear")
     assert dq.attributes["axis"].as_int() == AXIS[kind]
@@ -86,7 +87,7 @@ def test_stored_weights_are_the_kernel_codes(kind, symmetric):
 def test_per_tensor_weights_keep_opset_11():
     proto, feeds = layer_model("conv")
     proto.opset_import[0].version = 11
-    result = rewrite_eval(proto, calibration_data=feeds, per_channel=False)
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(per_channel=False))
     model = result.model
     assert model.opset_imports[""] == 11
     dq = node(model, "L/weights_quant/DequantizeLinear")
@@ -115,7 +116,7 @@ def test_activation_scale_and_zero_point_are_tf_nudged():
 
 def test_symmetric_activations_are_int8_with_zero_point_0():
     proto, feeds = layer_model("gemm1")
-    model = rewrite_eval(proto, calibration_data=feeds, symmetric=True).model
+    model = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=True)).model
     zp = init(model, "L/act_quant/zero_point")
     assert zp.dtype == np.int8 and zp == 0
 
@@ -187,7 +188,7 @@ def test_bit_widths_encodings(bits, w_type, a_type, clip, opset):
     r = b.node("Relu", [b.gemm(x, 6, 5, name="L")], outputs=["r"])
     y = b.gemm(r, 5, 3, name="M")
     feeds = {"x": x_data(8, 6)}
-    result = rewrite_eval(b.proto([y]), calibration_data=feeds, weight_bits=bits, activation_bits=bits)
+    result = rewrite_eval(b.proto([y]), calibration_data=feeds, quant=QuantConfig(weight_bits=bits, activation_bits=bits))
     model = result.model
     assert model.opset_imports[""] == opset
     assert init(model, "L/weights_quant/quantized").dtype == ir.DataType[w_type].numpy()

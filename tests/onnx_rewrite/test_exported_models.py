@@ -19,10 +19,11 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from qtool.calibrate import calibrate
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
-from qtool.onnx_rewrite.train_rewrite import rewrite_train
-from qtool.simulate import simulate
+from qtool.api import calibrate
+from qtool.api import rewrite_eval
+from qtool.api import rewrite_train
+from qtool.api import simulate
+from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(os.path.dirname(HERE), "data", "exported")
@@ -99,8 +100,7 @@ def test_rewrite_eval(name, tmp_path):
         (8, 8, True, False, 0.999), (8, 8, False, True, 0.995), (4, 4, False, False, 0.95),
     ]:
         out = str(tmp_path / f"{name}.w{wb}a{ab}.onnx")
-        result = rewrite_eval(model, out, calibration_data=data, weight_bits=wb, activation_bits=ab,
-                              per_channel=per_channel, symmetric=symmetric)
+        result = rewrite_eval(model, out, calibration_data=data, quant=QuantConfig(weight_bits=wb, activation_bits=ab, per_channel=per_channel, symmetric=symmetric))
         proto = check_written(out)
         s = result.summary
         # every batch norm of these models sits after a layer and folds, whatever the options
@@ -149,7 +149,7 @@ def test_matmul_batch_norm_folds_without_value_info(name):
     opset 11/13 left the MatMul's BatchNormalization in float, per-channel folded it)."""
     model, data = paths(name)
     for per_channel in (True, False):
-        s = rewrite_eval(model, calibration_data=data, per_channel=per_channel).summary
+        s = rewrite_eval(model, calibration_data=data, quant=QuantConfig(per_channel=per_channel)).summary
         assert s["counts"]["batch_norms_not_folded"] == 0, s["left_in_float"]
         assert len(s["batch_norms_folded"]) == 2
 
@@ -158,7 +158,7 @@ def test_matmul_batch_norm_folds_without_value_info(name):
 def test_calibrate_then_ranges(name, tmp_path):
     """`calibrate` and `rewrite-eval --ranges` plan the same tensors (the MLP's differed: the fold did)."""
     model, data = paths(name)
-    ranges = calibrate(model, data, method="entropy")
+    ranges = calibrate(model, data, calibration=CalibrationConfig(method="entropy"))
     ranges_dict = ranges.ranges if hasattr(ranges, "ranges") else ranges
     out = str(tmp_path / "r.onnx")
     rewrite_eval(model, out, ranges=ranges_dict)
@@ -174,7 +174,7 @@ def test_rewrite_train_runs_around_the_delays(name, tmp_path):
     feeds = dict(np.load(data))
     ref = run(model, feeds)
     path = str(tmp_path / "qat.onnx")
-    rewrite_train(model, path, calibration_data=data, quant_delay=2, freeze_bn_delay=0)
+    rewrite_train(model, path, calibration_data=data, schedule=TrainSchedule(quant_delay=2, freeze_bn_delay=0))
     proto = onnx.load(path)
     onnx.checker.check_model(proto, full_check=True)
     contract = json.loads({p.key: p.value for p in proto.metadata_props}["qtool.training"])

@@ -5,7 +5,7 @@ import onnx_ir as ir
 import pytest
 from model_builders import Builder, run, x_data
 
-from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
+from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 
 

@@ -9,10 +9,11 @@ import pytest
 from model_builders import Builder, run, x_data
 
 from qtool.errors import QtoolError
-from qtool.onnx_rewrite import _io
-from qtool.onnx_rewrite.constants import constant_array, constant_source, not_constant_reason
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
-from qtool.onnx_rewrite.opset import convert_opset
+from qtool.model import io as _io
+from qtool.model.constants import constant_array, constant_source, not_constant_reason
+from qtool.api import rewrite_eval
+from qtool.model.opset import convert_opset
+from qtool.config import CalibrationConfig, QuantConfig
 
 
 def small_model(constants=False, opset=13):
@@ -203,7 +204,7 @@ def test_exporter_like_model(tmp_path):
     onnx.save(proto, src)
     feeds = {"x": x_data(5, 3, 7, 9)}
     out = tmp_path / "exp.qdq.onnx"
-    result = rewrite_eval(str(src), str(out), calibration_data=feeds, batch_size=2)
+    result = rewrite_eval(str(src), str(out), calibration_data=feeds, calibration=CalibrationConfig(batch_size=2))
     s = result.summary
     assert s["opset"] == {"input": 11, "output": 13}
     assert s["counts"]["batch_norms_folded"] == 1  # into c1, with its own copy of the shared weight
@@ -250,7 +251,7 @@ def test_library_api_paths_and_conflicts(tmp_path):
     proto, feeds = small_model()
     result = qtool.rewrite_eval(proto, calibration_data=feeds)  # in memory: nothing written
     assert result.summary["output"] is None and os.listdir(tmp_path) == []
-    assert {"fold", "plan", "calibrate", "encode"} <= set(result.summary["timings"])
+    assert {"load", "fold", "calibrate", "encode"} <= set(result.summary["timings"])  # fold: fold and plan
     src = tmp_path / "m.onnx"
     onnx.save(proto, src)
     with pytest.raises(QtoolError, match="either an output path"):
@@ -258,5 +259,5 @@ def test_library_api_paths_and_conflicts(tmp_path):
     with pytest.raises(QtoolError, match="--in-place needs a model path"):
         rewrite_eval(proto, in_place=True)
     with pytest.raises(QtoolError, match="weight bits must be between 2 and 16"):
-        rewrite_eval(str(src), str(tmp_path / "o.onnx"), weight_bits=17)
+        rewrite_eval(str(src), str(tmp_path / "o.onnx"), quant=QuantConfig(weight_bits=17))
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]

@@ -15,7 +15,8 @@ import onnxruntime as ort
 import pytest
 
 from model_builders import Builder
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.api import rewrite_eval
+from qtool.config import QuantConfig
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL = SAMPLES / "digits_cnn.onnx"
@@ -55,8 +56,7 @@ def float_accuracy():
     [(16, 16), (4, 4), (8, 8), (12, 12), (5, 5), (16, 8), (8, 16), (8, 4), (16, 4)],
 )
 def test_sample_accuracy_with_default_session_options(float_accuracy, weight_bits, activation_bits):
-    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"),
-                          weight_bits=weight_bits, activation_bits=activation_bits)
+    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"), quant=QuantConfig(weight_bits=weight_bits, activation_bits=activation_bits))
     model = ir.serde.serialize_model(result.model)
     default = logits(model)
     assert accuracy(default) >= float_accuracy - 0.01
@@ -71,7 +71,7 @@ def test_sample_accuracy_with_default_session_options(float_accuracy, weight_bit
 
 
 def test_sample_w16a16_biases_are_int32_with_a_coarser_scale():
-    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"), weight_bits=16, activation_bits=16)
+    result = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz"), quant=QuantConfig(weight_bits=16, activation_bits=16))
     biases = {b["layer"]: b for b in result.summary["biases"]}
     assert result.summary["counts"]["biases_int32"] == 5
     scaled = [b for b in biases.values() if "scale_factor" in b]
@@ -107,7 +107,7 @@ def test_overflowing_bias_without_integer_kernels_keeps_its_value():
     bias = np.array([3.0, -2.5, 0.01])
     proto, feeds = _tiny_conv(1.0, 0.3, bias)
     ref = session(proto).run(None, feeds)[0]
-    result = rewrite_eval(proto, calibration_data=feeds, weight_bits=16, activation_bits=16)
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(weight_bits=16, activation_bits=16))
     (entry,) = result.summary["biases"]
     assert entry["scale_factor"] > 1
     model = result.model
@@ -123,7 +123,7 @@ def test_overflowing_bias_without_integer_kernels_keeps_its_value():
 def test_overflowing_bias_with_int8_kernels_saturates_consistently():
     bias = np.array([3.0, -2.5, 0.0])
     proto, feeds = _tiny_conv(1e-4, 1e-4, bias)
-    result = rewrite_eval(proto, calibration_data=feeds, weight_bits=8, activation_bits=8)
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(weight_bits=8, activation_bits=8))
     (entry,) = result.summary["biases"]
     assert entry.get("saturated") == 2 and "scale_factor" not in entry
     assert any("saturated to the int32 range" in n for n in result.summary["notes"])

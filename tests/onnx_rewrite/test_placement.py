@@ -6,10 +6,12 @@ import pytest
 from model_builders import Builder, x_data
 
 from qtool.errors import QtoolError
-from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.api import rewrite_eval
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
-from qtool.onnx_rewrite.placement import QuantConfig, check_exclude, plan_quantization
+from qtool.config import QuantConfig
+from qtool.onnx_rewrite.placement import check_exclude, plan_quantization
+from qtool.config import CalibrationConfig
 
 
 def plan_of(model: ir.Model, **config):
@@ -272,7 +274,7 @@ def test_second_rewrite_changes_nothing(tmp_path):
     __import__("onnx").save(sample_chain_model(), src)
     data = {"x": x_data(8, 3, 8, 8)}
     once, twice = tmp_path / "once.onnx", tmp_path / "twice.onnx"
-    first = rewrite_eval(str(src), str(once), calibration_data=data, batch_size=3)
+    first = rewrite_eval(str(src), str(once), calibration_data=data, calibration=CalibrationConfig(batch_size=3))
     assert first.summary["counts"]["weights_quantized"] == 4
     second = rewrite_eval(str(once), str(twice), calibration_data=data)
     assert once.read_bytes() == twice.read_bytes()

@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 
 import qtool
-from qtool.onnx_rewrite._names import NameScope, name_unnamed_nodes
-from qtool.onnx_rewrite.constants import constant_array
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.model.constants import constant_array
+from qtool.api import rewrite_eval
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"

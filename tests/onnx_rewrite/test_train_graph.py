@@ -12,9 +12,10 @@ from onnx import helper
 
 from qtool.errors import QtoolError
 from qtool.kernels import fake_quant_with_min_max_vars, fake_quant_with_min_max_vars_per_channel
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.api import rewrite_eval
 from qtool.onnx_rewrite.fake_quant_function import DOMAIN, NAME
-from qtool.onnx_rewrite.train_rewrite import rewrite_train
+from qtool.api import rewrite_train
+from qtool.config import QuantConfig, TrainSchedule
 
 F32 = np.float32
 
@@ -97,7 +98,7 @@ def test_quant_delay_before_equals_fake_quant_off_after_differs_by_quantization_
     model = conv_bn_model(relu=True)
     x = {"x": x_data(8, 3, 6, 6)}
     # calibrated initial ranges: the difference is rounding, not clipping at TF's default (0, 6)
-    train = proto(rewrite_train(model, quant_delay=10, freeze_bn_delay=3, calibration_data=x))
+    train = proto(rewrite_train(model, calibration_data=x, schedule=TrainSchedule(quant_delay=10, freeze_bn_delay=3)))
     on, off = session(train), session(fake_quant_off(train))
     for step in (0, 9):  # both sides of freeze_bn_delay, before quant_delay: identical, bit for bit
         a, b = run_step(on, train, x, step), run_step(off, train, x, step)
@@ -117,7 +118,7 @@ def test_without_batch_norm_the_graph_before_quant_delay_is_the_float_model():
     h = b.node("Relu", [b.gemm(x, 6, 8, name="fc1")])
     y = b.gemm(h, 8, 3, trans_b=0, name="fc2")
     model = b.proto([y])
-    train = proto(rewrite_train(model, quant_delay=4))
+    train = proto(rewrite_train(model, schedule=TrainSchedule(quant_delay=4)))
     feeds = {"x": x_data(5, 6)}
     ref = session(model).run(None, feeds)[0]
     out = run_step(session(train), train, feeds, 3)[y]
@@ -142,7 +143,7 @@ def test_gemm_graph_equals_the_kernels_step_by_step(symmetric, per_channel):
     x = b.input("x", ["N", 6])
     y = b.gemm(x, 6, 5, trans_b=1, name="fc")
     model = b.proto([y])
-    train_ir = rewrite_train(model, symmetric=symmetric, per_channel=per_channel, weight_bits=4).model
+    train_ir = rewrite_train(model, quant=QuantConfig(symmetric=symmetric, per_channel=per_channel, weight_bits=4)).model
     contract = json.loads(train_ir.metadata_props["qtool.training"])
     wq = contract["weight_quantizers"][0]
     # expose the quantized weight for the check
@@ -201,7 +202,7 @@ def test_gemm_graph_equals_the_kernels_step_by_step(symmetric, per_channel):
 def test_bn_before_freeze_uses_batch_statistics_and_updates_moving_statistics(bias):
     model = conv_bn_model(bias=bias)
     w, b, gamma, beta, mean, var = bn_params(model)
-    train = proto(rewrite_train(model, quant_delay=1000, freeze_bn_delay=5))
+    train = proto(rewrite_train(model, schedule=TrainSchedule(quant_delay=1000, freeze_bn_delay=5)))
     contract = contract_of(train)
     bnc = contract["batch_norms"][0]
     sess = session(train)
@@ -228,7 +229,7 @@ def test_bn_before_freeze_uses_batch_statistics_and_updates_moving_statistics(bi
 def test_bn_after_freeze_equals_the_eval_fold_and_statistics_stay_fixed(bias):
     model = conv_bn_model(bias=bias)
     w, b, gamma, beta, mean, var = bn_params(model)
-    train = proto(rewrite_train(model, quant_delay=1000, freeze_bn_delay=5))
+    train = proto(rewrite_train(model, schedule=TrainSchedule(quant_delay=1000, freeze_bn_delay=5)))
     bnc = contract_of(train)["batch_norms"][0]
     sess = session(train)
     x = x_data(6, 3, 6, 6)
@@ -247,7 +248,7 @@ def test_bn_after_freeze_equals_the_eval_fold_and_statistics_stay_fixed(bias):
     for t in trained.graph.initializer:
         if t.name in state:
             t.CopyFrom(onnx.numpy_helper.from_array(state[t.name], t.name))
-    eval_model = rewrite_eval(trained, weight_bits=16, activation_bits=16).model
+    eval_model = rewrite_eval(trained, quant=QuantConfig(weight_bits=16, activation_bits=16)).model
     assert not any(n.domain == DOMAIN for n in eval_model.graph)
     folded = [n for n in eval_model.graph if n.op_type == "BatchNormalization"]
     assert folded == []
@@ -263,7 +264,7 @@ def test_bn_training_fold_for_dense_layers(kind):
         y = b.matmul(x, 6, 4, bias=True, name="fc")
     y = b.bn(y, 4, name="bn")
     model = b.proto([y])
-    train = proto(rewrite_train(model, quant_delay=1000, freeze_bn_delay=2))
+    train = proto(rewrite_train(model, schedule=TrainSchedule(quant_delay=1000, freeze_bn_delay=2)))
     onnx.checker.check_model(train, full_check=True)
     xs = x_data(9, 6)
     float_ref = session(model).run(None, {"x": xs})[0]  # inference BN: moving statistics
@@ -301,7 +302,7 @@ def layer_zoo():
 ])
 def test_training_graph_passes_the_checker_and_runs_across_both_delays(options):
     model, out = layer_zoo()
-    result = rewrite_train(model, quant_delay=3, freeze_bn_delay=6, **options)
+    result = rewrite_train(model, quant=QuantConfig(**options), schedule=TrainSchedule(quant_delay=3, freeze_bn_delay=6))
     train = proto(result)
     onnx.checker.check_model(train, full_check=True)
     assert result.summary["counts"]["batch_norms_folded"] == 3
@@ -341,12 +342,12 @@ def test_per_channel_weight_ranges_broadcast_along_the_output_channel_axis():
 def test_rewriting_a_training_graph_again_changes_nothing(tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save(conv_bn_model(relu=True), str(src))
-    first = rewrite_train(str(src), str(tmp_path / "a.onnx"), quant_delay=2)
-    again = rewrite_train(str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"), quant_delay=2)
+    first = rewrite_train(str(src), str(tmp_path / "a.onnx"), schedule=TrainSchedule(quant_delay=2))
+    again = rewrite_train(str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"), schedule=TrainSchedule(quant_delay=2))
     assert again.summary["already_training_graph"] and not again.summary["changed"]
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
     assert "nothing to do" in again.format_text()
-    other = rewrite_train(proto(first), weight_bits=4)
+    other = rewrite_train(proto(first), quant=QuantConfig(weight_bits=4))
     assert any("other options" in n for n in other.summary["notes"])
 
 
@@ -388,9 +389,9 @@ def test_fake_quant_nodes_without_the_contract_are_an_error_for_both_rewrites():
 
 def test_bad_delays_are_errors():
     with pytest.raises(QtoolError, match="quant delay"):
-        rewrite_train(conv_bn_model(), quant_delay=-1)
+        rewrite_train(conv_bn_model(), schedule=TrainSchedule(quant_delay=-1))
     with pytest.raises(QtoolError, match="freeze_bn_delay"):
-        rewrite_train(conv_bn_model(), freeze_bn_delay=1.5)
+        rewrite_train(conv_bn_model(), schedule=TrainSchedule(freeze_bn_delay=1.5))
 
 
 @pytest.mark.parametrize("opset", [18, 21])
@@ -399,7 +400,7 @@ def test_recent_opsets_reduce_with_axes_inputs_and_round_trip(opset):
     x = b.input("x", ["N", 3, 6, 6])
     y = b.node("Relu", [b.bn(b.conv(x, 3, 4), 4)])
     y = b.node("Relu", [b.bn(b.conv(y, 4, 4, group=4), 4)])
-    result = rewrite_train(b.proto([y]), quant_delay=1, freeze_bn_delay=2)
+    result = rewrite_train(b.proto([y]), schedule=TrainSchedule(quant_delay=1, freeze_bn_delay=2))
     assert result.summary["opset"] == {"input": opset, "output": opset}
     train = proto(result)
     onnx.checker.check_model(train, full_check=True)

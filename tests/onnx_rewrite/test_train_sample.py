@@ -10,9 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
+from qtool.api import rewrite_eval
 from qtool.onnx_rewrite.fake_quant_function import DOMAIN
-from qtool.onnx_rewrite.train_rewrite import rewrite_train
+from qtool.api import rewrite_train
+from qtool.config import TrainSchedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(ROOT, "samples", "digits_cnn.onnx")
@@ -38,7 +39,7 @@ def trained(tmp_path_factory):
     """The sample's training graph, stepped 20 times over the calibration data (both delays crossed)."""
     folder = tmp_path_factory.mktemp("train")
     path = str(folder / "digits.qat.onnx")
-    result = rewrite_train(SAMPLE, path, calibration_data=CALIB, quant_delay=5, freeze_bn_delay=10)
+    result = rewrite_train(SAMPLE, path, calibration_data=CALIB, schedule=TrainSchedule(quant_delay=5, freeze_bn_delay=10))
     model = onnx.load(path)
     contract = json.loads({p.key: p.value for p in model.metadata_props}["qtool.training"])
     sess = session(model)

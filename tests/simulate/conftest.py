@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from sim_helpers import CALIB, DAMAGED_LAYER, EVAL, MODEL  # noqa: E402
+from qtool.config import QuantConfig
 
 @pytest.fixture(scope="session")
 def qdir(tmp_path_factory):
@@ -25,10 +26,10 @@ def q_damaged(qdir):
     import onnx_ir as ir
 
     import qtool
-    from qtool.onnx_rewrite._io import save_model
+    from qtool.model.io import save_model
 
     m8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB).model
-    m2 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, weight_bits=2).model
+    m2 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(weight_bits=2)).model
     moved = 0
     for suffix in ("weights_quant/quantized", "weights_quant/scale", "weights_quant/zero_point",
                    "bias_quant/quantized", "bias_quant/scale"):

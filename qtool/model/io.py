@@ -261,3 +261,58 @@ def restore_tensors(model: ir.Model, saved: dict[str, ir.TensorProtocol]) -> Non
         value = model.graph.initializers.get(name)
         if value is not None:
             value.const_value = tensor
+
+
+# --- opening a model for a command ----------------------------------------------------
+def as_ir_model(model) -> ir.Model:
+    """An ``onnx_ir.Model`` from a path, a ModelProto or an IR model (returned as is)."""
+    if isinstance(model, (str, os.PathLike)):
+        return load_model(model).model
+    if isinstance(model, onnx.ModelProto):
+        return ir.serde.deserialize_model(model)
+    if isinstance(model, ir.Model):
+        return model
+    raise QtoolError(f"model must be a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+@dataclass
+class OpenedModel:
+    """A model loaded for a rewrite, with where its result goes."""
+
+    model: ir.Model  # a clone when the caller passed an onnx_ir.Model: theirs is never modified
+    output: str | None  # the checked output path (the input with in_place)
+    external_data: bool  # the input used external data (the output will too)
+    label: str  # the name to use in messages
+    in_place: bool = False
+
+
+def open_model(model, output=None, in_place: bool = False) -> OpenedModel:
+    """Check the paths and load the model, before any work."""
+    external_in = False
+    if isinstance(model, (str, os.PathLike)):
+        src_path = os.fspath(model)
+        if in_place:
+            if output is not None and not same_file(os.fspath(output), src_path):
+                raise QtoolError("give either an output path (-o) or --in-place, not both")
+            output = src_path
+        elif output is not None and os.path.exists(os.fspath(output)) and os.path.exists(src_path) \
+                and same_file(os.fspath(output), src_path):
+            raise QtoolError(f"the output '{os.fspath(output)}' is the input model; use --in-place to replace it")
+        loaded = load_model(src_path)
+        ir_model, external_in, label = loaded.model, loaded.external_data, src_path
+    else:
+        if in_place:
+            raise QtoolError("--in-place needs a model path")
+        # the tensors are shared with the caller's model, which is safe: a rewrite never writes into one
+        ir_model = model.clone() if isinstance(model, ir.Model) else as_ir_model(model)
+        label = "<model>"
+    if output is not None:
+        output = check_output_path(output)
+    return OpenedModel(ir_model, output, external_in, label, in_place)

@@ -24,6 +24,21 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from qtool.kernels import minmax, nudged_range, quantize_codes
+from qtool.model.constants import constant_array
+
+
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+# Ops a quantizer may sit behind (TF's _FollowedByFakeQuant looks through these).
+QUANTIZER_LOOK_THROUGH = ("Identity", "Reshape")
+# Ops between Q and DQ in qtool's own encoding of odd bit widths.
+QDQ_INNER = ("Clip", "Cast")
+
+
+def is_onnx(node: ir.Node, *op_types: str) -> bool:
+    return node.domain == "" and node.op_type in op_types
+
 
 @dataclass(frozen=True)
 class Storage:
@@ -77,7 +92,7 @@ def storage(bits: int, *, signed: bool, narrow: bool, int4: bool = True) -> Stor
     return Storage(dtype, shift, bits, narrow)
 
 
-def _ratio(bits: int, narrow: bool) -> np.float32:
+def symmetric_ratio(bits: int, narrow: bool) -> np.float32:
     if narrow:
         return np.float32(-1.0)
     return np.float32(-((2**bits) - 2) / 2**bits)
@@ -88,7 +103,7 @@ def widen(lo, hi, *, bits: int, narrow: bool, symmetric: bool):
     lo = np.asarray(lo, dtype=np.float32)
     hi = np.asarray(hi, dtype=np.float32)
     if symmetric:
-        r = _ratio(bits, narrow)
+        r = symmetric_ratio(bits, narrow)
         new_lo = np.minimum(lo, hi / r)
         new_hi = np.maximum(hi, lo * r)
         return new_lo.astype(np.float32), new_hi.astype(np.float32)
@@ -109,8 +124,6 @@ class QParams:
 
 def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True) -> QParams:
     """Scale and zero point of TF's nudged range ``[lo, hi]`` (already widened)."""
-    from qtool.kernels import nudged_range
-
     store = storage(bits, signed=signed, narrow=narrow, int4=int4)
     nmin, nmax, scale, zp = nudged_range(lo, hi, num_bits=bits, narrow_range=narrow)
     scale = np.asarray(scale, dtype=np.float32)
@@ -130,8 +143,6 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
     codes shifted into the signed container.
     """
-    from qtool.kernels import minmax, quantize_codes
-
     if axis is None:
         lo, hi = minmax(w)
     else:
@@ -147,3 +158,50 @@ def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool) -> QP
     """Parameters of an activation quantizer from an observed (or default) range."""
     lo, hi = widen(np.float32(lo), np.float32(hi), bits=bits, narrow=False, symmetric=symmetric)
     return qparams(lo, hi, bits=bits, narrow=False, signed=symmetric, int4=False)
+
+
+# --- reading an existing Q/DQ encoding ----------------------------------------------------------
+_FULL_BITS = {ir.DataType.INT4: 4, ir.DataType.UINT4: 4, ir.DataType.INT16: 16, ir.DataType.UINT16: 16}
+_SIGNED = (ir.DataType.INT8, ir.DataType.INT16, ir.DataType.INT4)
+
+
+def value_dtype(value: ir.Value | None) -> ir.DataType | None:
+    if value is None:
+        return None
+    return value.dtype or (value.const_value.dtype if value.const_value is not None else None)
+
+
+def dq_params(dq: ir.Node) -> tuple[ir.Value, ir.Value, ir.DataType] | None:
+    """``(scale, zero_point, container type)`` of a per-tensor DequantizeLinear; None when it is
+    per-axis or its parameters are missing."""
+    if len(dq.inputs) < 3 or dq.inputs[1] is None or dq.inputs[2] is None:
+        return None
+    if "axis" in dq.attributes and np.size(constant_array(dq.inputs[1])) != 1:
+        return None
+    dtype = value_dtype(dq.inputs[2])
+    if dtype is None:
+        return None
+    return dq.inputs[1], dq.inputs[2], dtype
+
+
+def storage_of(dtype: ir.DataType, bits: int, symmetric: bool) -> Storage:
+    """The storage of an existing quantizer, from its zero point type."""
+    st = storage(bits, signed=dtype in _SIGNED, narrow=False, int4=False)
+    if st.dtype != dtype:  # an existing quantizer of another width: keep its type, no clip
+        return Storage(dtype, st.shift, _FULL_BITS.get(dtype, 8), False)
+    return st
+
+
+def dq_input_type(dq: ir.Node | None) -> ir.DataType | None:
+    """The container type a DequantizeLinear reads (None when ``dq`` is not one)."""
+    if dq is None or not is_onnx(dq, DEQUANTIZE) or not dq.inputs or dq.inputs[0] is None:
+        return None
+    return value_dtype(dq.inputs[0])
+
+
+def eight_bit_kernel_types(x_dq: ir.Node, weight: ir.Value | None) -> bool:
+    """True when onnxruntime has integer kernels (QLinearConv/QGemm) for the layer's input and
+    weight types, i.e. both are 8-bit: it may then fuse the QDQ layer and use the int32 bias as is."""
+    eight = (ir.DataType.INT8, ir.DataType.UINT8)
+    w_dq = weight.producer() if weight is not None else None
+    return dq_input_type(x_dq) in eight and dq_input_type(w_dq) in eight

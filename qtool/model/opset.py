@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
-from qtool.onnx_rewrite._io import light_proto, restore_tensors
+from qtool.model.io import light_proto, restore_tensors
 
 
 def default_opset(model: ir.Model) -> int:

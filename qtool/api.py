@@ -1,0 +1,180 @@
+"""qtool's public functions: each a short story (load, plan, calibrate, rewrite, save).
+
+They take typed options (:class:`~qtool.config.QuantConfig`,
+:class:`~qtool.config.CalibrationConfig`, :class:`~qtool.config.TrainSchedule`)
+and return typed results. The CLI calls these; ``qtool.rewrite_eval`` etc.
+are these functions. This is the only module that joins the features:
+``onnx_rewrite`` plans and encodes, ``calibrate`` observes ranges, and the
+ranges pass between them here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from qtool import calibrate as cal
+from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
+from qtool.data import CalibrationData, input_specs, load_calibration_data
+from qtool.errors import QtoolError
+from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_model, save_model, same_file
+from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
+from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
+from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
+from qtool.simulate.core import simulate  # noqa: F401 - re-exported as qtool.simulate
+
+Progress = Callable[[int, int], None]  # (samples done, samples total)
+
+__all__ = ["rewrite_eval", "rewrite_train", "calibrate", "calibrate_to_file", "simulate", "finetune"]
+
+
+class _Clock:
+    """Seconds spent in each step, for the summary's ``timings``."""
+
+    def __init__(self):
+        self._last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
+        self._last = now
+
+
+def _load_data(source, opened: OpenedModel) -> CalibrationData | None:
+    return None if source is None else load_calibration_data(source, input_specs(opened.model))
+
+
+def _save(opened: OpenedModel) -> Files:
+    files = Files(opened.label, opened.output, opened.in_place)
+    if opened.output is not None:
+        files.external_data = save_model(opened.model, opened.output, external_data=opened.external_data)
+    return files
+
+
+def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
+                 calibration: CalibrationConfig = CalibrationConfig(), calibration_data=None, ranges=None,
+                 in_place: bool = False, progress: Progress | None = None) -> RewriteResult:
+    """Fold batch norms, insert QuantizeLinear/DequantizeLinear, write a deployable int8 model.
+
+    ``model``: path to an ONNX file (or an ``onnx.ModelProto`` / ``onnx_ir.Model``,
+    rewritten in memory). ``output``: where to write; ``in_place=True`` replaces
+    the input file instead (by one rename at the end). With neither, nothing is
+    written and the rewritten model is returned in the result.
+    ``calibration_data``: ``.npz``/``.npy`` path, array, or dict of arrays, observed
+    as ``calibration`` says; ``ranges``: a ranges file written by ``qtool calibrate``
+    (or an onnxruntime calibration cache), or a dict of ``(min, max)``, instead.
+    With neither, a training graph's trained ranges, else TF's defaults (the
+    summary warns). ``progress(done, total)`` is called after each calibration batch.
+    """
+    clock = _Clock()
+    if ranges is not None and calibration_data is not None:
+        raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
+    opened = open_model(model, output, in_place)
+    clock.lap("load")
+    given = cal.load_ranges(ranges) if ranges is not None else None
+    prepared = prepare_eval(opened.model, quant, opened.label)
+    opened.model = prepared.model  # a raised opset is a new model
+    data = _load_data(calibration_data, opened)
+    clock.lap("fold")
+    observed, ranges_from = None, None
+    tensors = prepared.tensors_to_calibrate()
+    if data is not None and tensors:
+        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, quant, progress)
+        found = observed.ranges
+    elif given is not None:
+        label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
+        found = cal.select(given, tensors, label)
+        ranges_from = os.fspath(ranges) if isinstance(ranges, (str, os.PathLike)) else "<ranges>"
+    else:
+        found = prepared.trained_ranges()
+        ranges_from = "the training graph's trained state" if found is not None else None
+    clock.lap("calibrate")
+    encoding = encode_eval(prepared, found)
+    clock.lap("encode")
+    warnings, notes = eval_messages(prepared, encoding, found, list(data.ignored) if data is not None else [])
+    files = _save(opened)
+    clock.lap("save")
+    return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
+                         clock.laps)
+
+
+def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
+                  schedule: TrainSchedule = TrainSchedule(), calibration: CalibrationConfig = CalibrationConfig(),
+                  calibration_data=None, in_place: bool = False, progress: Progress | None = None) -> TrainResult:
+    """Write a quantization-aware training graph (TF's ``create_training_graph``).
+
+    ``schedule``: ``quant_delay`` (steps before fake quantization switches on)
+    and ``freeze_bn_delay`` (the step from which batch norms use their moving
+    statistics; None: never). ``calibration_data``: initial activation ranges
+    (else TF's (-6, 6), and (0, 6) after Relu/Clip), observed as ``calibration``
+    says. The training contract is in ``metadata_props["qtool.training"]``
+    (``docs/training.md``); a qtool training graph is returned as it is.
+    """
+    opened = open_model(model, output, in_place)
+    contract = existing_contract(opened.model, opened.label)
+    if contract is not None:  # already rewritten: report, do not rewrite twice
+        if in_place:
+            opened.output = None
+        return TrainResult(opened.model, _save(opened), quant, schedule, contract)
+    data = _load_data(calibration_data, opened)
+    prepared = prepare_train(opened.model, quant)
+    opened.model = prepared.model
+    observed, ranges = None, {}
+    tensors = prepared.tensors_to_calibrate()
+    if data is not None and tensors:
+        observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress)
+        ranges = prepared.rename(observed.ranges)
+    encoded = encode_train(prepared, schedule, ranges)
+    files = _save(opened)
+    ignored = list(data.ignored) if data is not None else []
+    return TrainResult(prepared.model, files, quant, schedule, encoded.contract, prepared, encoded, observed, ignored)
+
+
+def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
+              calibration: CalibrationConfig = CalibrationConfig(), progress: Progress | None = None):
+    """Observe activation ranges of ``model`` on ``data``.
+
+    ``model``: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; ``data``: a
+    ``.npz``/``.npy`` path, an array, or a dict of arrays. ``tensors``: names of
+    the tensors to observe in ``model`` as given; when None, the model's batch
+    norms are folded (on a copy) and the tensors are the ones ``rewrite_eval``
+    would quantize with ``quant``, named as in the folded model.
+
+    Returns a :class:`~qtool.calibrate.CalibrationResult` whose ``ranges`` map
+    tensor names to ``(min, max)`` (None when only non-finite values were seen).
+    """
+    ir_model = as_ir_model(model)
+    if not isinstance(model, (str, os.PathLike)):
+        ir_model = ir_model.clone()
+    if tensors is None:
+        tensors = fold_and_plan(ir_model, quant)[2].tensors_to_calibrate()
+    loaded = load_calibration_data(data, input_specs(ir_model))
+    return cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress)
+
+
+def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig(),
+                      calibration: CalibrationConfig = CalibrationConfig(),
+                      progress: Progress | None = None) -> cal.RangesFileSummary:
+    """Calibrate ``model`` on ``data`` and write the ranges file ``output`` (``docs/calibration.md``).
+
+    Nothing is written unless calibration succeeds; the file is written atomically.
+    """
+    out = os.fspath(output)
+    check_output_path(out)
+    if isinstance(model, (str, os.PathLike)) and os.path.exists(out) and os.path.exists(model) \
+            and same_file(out, model):
+        raise QtoolError(f"the output '{out}' is the input model")
+    result = calibrate(model, data, quant=quant, calibration=calibration, progress=progress)
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    return cal.write_ranges_file(out, result, label, quant, calibration.batch_size)
+
+
+def finetune(model, data, output, config=None, *, progress=None):
+    """Quantization-aware fine-tuning of a training graph (``qtool finetune``; the ``train`` extra)."""
+    try:
+        from qtool import finetune as ft  # jax: an optional heavy engine, imported when used
+    except ImportError as exc:
+        raise QtoolError("qtool finetune needs the train extra: pip install 'qtool[train]'") from exc
+    return ft.finetune(model, data, output, config, progress=progress)

@@ -1,0 +1,130 @@
+"""Typed options: frozen dataclasses, normalized and validated in one place.
+
+Every entry point (``qtool.api``), every rewrite and calibration takes these
+instead of long keyword lists; the CLI builds them from its options. A
+config is valid once constructed: a bad value raises
+:class:`~qtool.errors.QtoolError` here, before any work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from qtool.errors import QtoolError
+
+CALIBRATION_METHODS = ("minmax", "ema", "percentile", "entropy", "mse")
+
+
+def _positive_int(value, label: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise QtoolError(f"{label} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _delay(value, label: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 0:
+        raise QtoolError(f"{label} must be a non-negative integer number of steps, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What to quantize and how: bit widths, symmetry, per-channel weights, scope."""
+
+    weight_bits: int = 8
+    activation_bits: int = 8
+    symmetric: bool = False
+    per_channel: bool = True
+    scope: str | None = None
+    exclude: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
+                raise QtoolError(f"{label} bits must be between 2 and 16, got {bits!r}")
+        # normalized here once, whatever the caller passes (CLI flags, None, lists)
+        object.__setattr__(self, "symmetric", bool(self.symmetric))
+        object.__setattr__(self, "per_channel", bool(self.per_channel))
+        object.__setattr__(self, "scope", self.scope or None)
+        object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
+
+    def out_of_scope(self, node) -> str | None:
+        """Why ``node`` is outside the rewrite's scope (None when inside)."""
+        name = node.name or ""
+        if name in self.exclude:
+            return f"'{name}' is excluded (--exclude)"
+        if self.scope and not name.startswith(self.scope):
+            return f"'{name}' is outside --scope '{self.scope}'"
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "weight_bits": self.weight_bits,
+            "activation_bits": self.activation_bits,
+            "symmetric": self.symmetric,
+            "per_channel": self.per_channel,
+            "scope": self.scope,
+            "exclude": sorted(self.exclude),
+        }
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How activation ranges are observed (``docs/calibration.md``)."""
+
+    method: str = "minmax"
+    batch_size: int = 16
+    percentile: float = 99.999
+    num_bins: int = 2048
+    ema_decay: float = 0.999
+
+    def __post_init__(self):
+        # the method and its option values are checked by the observer registry (qtool.calibrate),
+        # which knows the registered methods and says which flag is wrong
+        object.__setattr__(self, "method", str(self.method))
+        object.__setattr__(self, "batch_size", _positive_int(self.batch_size, "batch size"))
+        object.__setattr__(self, "num_bins", int(self.num_bins))
+        object.__setattr__(self, "percentile", float(self.percentile))
+        object.__setattr__(self, "ema_decay", float(self.ema_decay))
+
+    @classmethod
+    def from_options(cls, method: str = "minmax", batch_size: int = 16, options: dict | None = None):
+        """From the legacy ``calibration_options`` dict (``percentile``, ``num_bins``, ``ema_decay``)."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"percentile", "num_bins", "ema_decay", "num_bits", "symmetric"})
+        if unknown:
+            raise QtoolError(f"unknown calibration option(s): {', '.join(unknown)}")
+        known = {k: options[k] for k in ("percentile", "num_bins", "ema_decay") if options.get(k) is not None}
+        return cls(method=method, batch_size=batch_size, **known)
+
+    def method_options(self, quant: QuantConfig) -> dict:
+        """The options the method uses, as recorded in a ranges file and given to its observers.
+        The histogram searches quantize with the activation bits and symmetry of ``quant``."""
+        search = {"num_bins": self.num_bins, "num_bits": quant.activation_bits, "symmetric": quant.symmetric}
+        table = {
+            "minmax": {},
+            "ema": {"ema_decay": self.ema_decay},
+            "percentile": {"percentile": self.percentile, "num_bins": self.num_bins},
+            "entropy": search,
+            "mse": search,
+        }
+        # a registered method gets every option (its factory takes the ones it names)
+        return table.get(self.method, {"percentile": self.percentile, "ema_decay": self.ema_decay, **search})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    """The training graph's schedule (spec section 1): steps before quantization and BN freezing."""
+
+    quant_delay: int = 0
+    freeze_bn_delay: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "quant_delay", _delay(self.quant_delay if self.quant_delay is not None else 0,
+                                                       "quant delay"))
+        object.__setattr__(self, "freeze_bn_delay", _delay(self.freeze_bn_delay, "freeze_bn_delay"))

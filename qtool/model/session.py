@@ -1,0 +1,104 @@
+"""onnxruntime sessions over an in-memory model, with intermediate tensors tapped as outputs.
+
+The weights are not serialized: the proto carries placeholders and
+onnxruntime gets the tensors as OrtValues over the arrays qtool already holds
+(memory-mapped for external data), so no copy and no 2 GB limit. Every
+feature that runs a model (calibration, simulation) builds its session here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+from qtool.errors import QtoolError
+from qtool.model.io import light_proto
+
+_NUMPY_TYPES = {
+    ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
+    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
+    ir.DataType.UINT64, ir.DataType.BOOL,
+}
+
+
+def contiguous(array) -> np.ndarray:
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
+
+
+def value_map(graph: ir.Graph) -> dict[str, ir.Value]:
+    """Every named tensor a session can compute or is fed: graph inputs and node outputs."""
+    values = {v.name: v for v in graph.inputs if v.name}
+    for node in graph:
+        for out in node.outputs:
+            if out.name:
+                values[out.name] = out
+    return values
+
+
+@dataclass
+class TappedSession:
+    """An onnxruntime session whose outputs include tapped intermediate tensors."""
+
+    session: ort.InferenceSession
+    outputs: list[str]
+    _keepalive: tuple = field(default=(), repr=False)  # arrays and OrtValues that must outlive the session
+
+    def run(self, feed: dict[str, np.ndarray], names: list[str] | None = None, what: str = "the model"):
+        """Run on one batch; returns OrtValues (read in place with ``.numpy()``, not copied)."""
+        inputs = {k: ort.OrtValue.ortvalue_from_numpy(contiguous(v)) for k, v in feed.items()}
+        try:
+            return self.session.run_with_ort_values(names or self.outputs, inputs)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+            raise QtoolError(f"onnxruntime failed on {what}: {first_line(exc)}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def session_options(*, optimize: bool = True, arena: bool = False) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    # no CPU arena by default: each batch's buffers go back to the system, so peak memory is one
+    # batch's activations (the arena keeps its high-water mark and grows with the batch size)
+    options.enable_cpu_mem_arena = arena
+    return options
+
+
+def tapped_session(model: ir.Model, taps: list[ir.Value], *, options: ort.SessionOptions | None = None,
+                   what: str = "the model") -> TappedSession:
+    """A session computing the model's outputs followed by ``taps`` (intermediate tensors)."""
+    graph = model.graph
+    added = [v for v in taps if not v.is_graph_output()]
+    typed = []
+    for v in added:
+        if v.type is None:
+            v.type = ir.TensorType(ir.DataType.FLOAT)
+            typed.append(v)
+    graph.outputs.extend(added)
+    try:
+        proto, saved = light_proto(model, movable=lambda t: t.dtype in _NUMPY_TYPES)
+        outputs = [v.name for v in graph.outputs]
+    finally:
+        for _ in added:
+            graph.outputs.pop()
+        for v in typed:
+            v.type = None
+    options = options or session_options()
+    names = list(saved)
+    arrays = [contiguous(saved[name].numpy()) for name in names]
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    if names:
+        options.add_external_initializers(names, values)
+    try:
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
+        raise QtoolError(f"onnxruntime cannot run {what}: {first_line(exc)}") from exc
+    return TappedSession(session, outputs, (arrays, values))
