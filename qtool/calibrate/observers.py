@@ -20,6 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.kernels import minmax
+from qtool.kernels.histogram import Histogram
 
 
 class Observer:
@@ -46,8 +48,6 @@ class MinMaxObserver(Observer):
         self.count = 0
 
     def update(self, batch: np.ndarray) -> None:
-        from qtool.kernels import minmax
-
         if batch.size == 0:
             return
         lo, hi = minmax(batch)
@@ -89,8 +89,6 @@ class EmaObserver(Observer):
         self.count = 0
 
     def update(self, batch: np.ndarray) -> None:
-        from qtool.kernels import minmax
-
         if batch.size == 0:
             return
         lo, hi = minmax(batch)
@@ -129,8 +127,6 @@ class HistogramObserver(Observer):
     name = "histogram"
 
     def __init__(self, num_bins: int = 2048, num_bits: int = 8, symmetric: bool = False) -> None:
-        from qtool.kernels.histogram import Histogram
-
         if int(num_bins) < 16:
             raise QtoolError(f"--num-bins must be at least 16, got {num_bins}")
         self.histogram = Histogram(int(num_bins))
@@ -222,8 +218,6 @@ def observer_names() -> list[str]:
 
 def make_observer(method: str, **options) -> Observer:
     """A new observer for ``method``; ``options`` its factory does not take are ignored."""
-    from qtool.errors import QtoolError
-
     try:
         factory = _OBSERVERS[method]
     except KeyError:

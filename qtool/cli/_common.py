@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from qtool.config import CalibrationConfig, QuantConfig  # a leaf module: no heavy imports
 from qtool.errors import QtoolError
 
 
@@ -171,16 +172,12 @@ def quantization_options(f):
 
 def quant_config(params: dict):
     """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
-    from qtool.config import QuantConfig  # a leaf module: no heavy imports
-
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
                        params.pop("per_channel"), params.pop("scope"), params.pop("exclude"))
 
 
 def calibration_config(params: dict):
     """``CalibrationConfig`` from the parsed ``calibration_options`` and ``--batch-size`` (popped)."""
-    from qtool.config import CalibrationConfig
-
     return CalibrationConfig(params.pop("calibration_method"), params.pop("batch_size"),
                              params.pop("percentile"), params.pop("num_bins"), params.pop("ema_decay"))
 

@@ -31,6 +31,7 @@ import numpy as np
 import onnx_ir as ir
 
 from qtool.model.names import NameScope, context_of
+from qtool.model.opset import inferred_ranks
 from qtool.model.constants import (
     contiguous,
     constant_array,
@@ -89,8 +90,6 @@ def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     if ranks is None:
         if layer.graph is None:
             return None
-        from qtool.model.opset import inferred_ranks
-
         ranks = view.inferred_ranks = inferred_ranks(layer.graph)
     return ranks.get(a.name)
 
