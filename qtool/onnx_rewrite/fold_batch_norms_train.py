@@ -93,6 +93,33 @@ def find_train_folds(graph: ir.Graph, names: NameScope, exclude=frozenset()):
     return folds, reasons
 
 
+@dataclass
+class _Fold:
+    """One training fold in progress: the matched nodes and the layer's layout."""
+
+    layer: ir.Node
+    bn: ir.Node
+    bias_add: ir.Node | None
+    prefix: str
+    w: np.ndarray  # the layer's float weight
+
+    @property
+    def channels(self) -> int:
+        return output_channels(self.layer, self.w)
+
+    @property
+    def rank(self) -> int:
+        return self.w.ndim if self.layer.op_type in ("Conv", "ConvTranspose") else 2
+
+    @property
+    def eps(self) -> np.float32:
+        return np.float32(float_attr(self.bn, "epsilon", 1e-5))
+
+    @property
+    def momentum(self) -> float:
+        return float_attr(self.bn, "momentum", 0.9)
+
+
 class TrainFolder:
     def __init__(self, graph: ir.Graph, ops: Ops, step_ge_freeze: ir.Value | None):
         self.graph = graph
@@ -108,76 +135,106 @@ class TrainFolder:
         return ops.reshape(expanded, [channels], f"{base}/vector")
 
     def fold(self, match: Match, params: set[str]) -> TrainFold:
-        ops = self.ops
-        layer, bn, bias_add = match.nodes["layer"], match.nodes["bn"], match.get("bias_add")
-        op = layer.op_type
-        ctx = context_of(layer.name or op)
-        prefix = ops.names.prefix(f"{ctx}/BatchNorm_Fold")
-        x, w = layer.inputs[0], layer.inputs[1]
-        w_array = constant_array(w)
-        channels = output_channels(layer, w_array)
-        rank = w_array.ndim if op in ("Conv", "ConvTranspose") else 2
-        axes = [0] + list(range(2, rank))
-        out_shape = [1, channels] + [1] * (rank - 2)
-        layer_inputs = [v.name if v is not None else "" for v in layer.inputs]
-        layer_output = layer.outputs[0]
+        """Replace ``layer -> [bias Add] -> BatchNormalization`` by TF's training fold."""
+        layer, bn = match.nodes["layer"], match.nodes["bn"]
+        ctx = context_of(layer.name or layer.op_type)
+        f = _Fold(layer, bn, match.get("bias_add"), self.ops.names.prefix(f"{ctx}/BatchNorm_Fold"),
+                  constant_array(layer.inputs[1]))
+        record = self._record(f)
+        mu_b, var_b = self._batch_statistics(f)
+        gamma, beta = bn.inputs[1:3]
+        params.update((gamma.name, beta.name))
+        ops, c = self.ops, f.channels
+        mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(bn.inputs[3]).reshape(c))
+        var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(bn.inputs[4]).reshape(c))
+        b_vec = self._bias(f, match, params)
+        w_fold, result = self._fold(f, mu_b, var_b, mean_mv, var_mv, b_vec)
+        new_mean, new_var = self._moving_statistics(f, mu_b, var_b, mean_mv, var_mv, b_vec)
+        self._replace_batch_norm(f, result)
+        record.update(moving_mean=mean_mv.name, moving_variance=var_mv.name)
+        return TrainFold(
+            bn.name, layer, record["output"], w_fold, f.prefix,
+            state={"moving_mean": mean_mv.name, "moving_variance": var_mv.name},
+            record=record,
+            updates={mean_mv.name: new_mean, var_mv.name: new_var},
+        )
 
-        # --- the unfolded layer for the batch statistics (float weight, no bias) ----------------
+    def _record(self, f: _Fold) -> dict:
+        """How to restore the float graph (the contract's ``batch_norms`` entry), before any edit."""
+        layer, bn, bias_add = f.layer, f.bn, f.bias_add
+        return {
+            "name": bn.name,
+            "layer": layer.name,
+            "op": layer.op_type,
+            "prefix": f.prefix,
+            "output": bn.outputs[0].name,
+            "layer_inputs": [v.name if v is not None else "" for v in layer.inputs],
+            "layer_output": layer.outputs[0].name,
+            "gemm_beta": float_attr(layer, "beta", 1.0) if layer.op_type == "Gemm" else None,
+            "scale": bn.inputs[1].name,
+            "bias": bn.inputs[2].name,
+            "epsilon": float(f.eps),
+            "momentum": float(f.momentum),
+            "bias_add": None if bias_add is None else {
+                "name": bias_add.name,
+                "inputs": [v.name if v is not None else "" for v in bias_add.inputs],
+                "output": bias_add.outputs[0].name,
+            },
+        }
+
+    def _batch_statistics(self, f: _Fold) -> tuple[ir.Value, ir.Value]:
+        """The unfolded layer (float weight, no bias) and its batch mean and population variance."""
+        ops, layer, prefix = self.ops, f.layer, f.prefix
         attrs = {a.name: a for a in layer.attributes.values()}
         attrs.pop("beta", None)
-        raw_node = ir.node(op, [x, w], attrs, name=ops.names.node(f"{prefix}/batch_stats_{op}"))
+        raw_node = ir.node(layer.op_type, [layer.inputs[0], layer.inputs[1]], attrs,
+                           name=ops.names.node(f"{prefix}/batch_stats_{layer.op_type}"))
         raw = raw_node.outputs[0]
         raw.name = ops.names.value(f"{prefix}/batch_stats_input")
         raw.dtype = ir.DataType.FLOAT
         self.graph.append(raw_node)
+        axes = [0] + list(range(2, f.rank))
         mean_k = ops.reduce("ReduceMean", raw, axes, True, f"{prefix}/batch_mean_keepdims")
         diff = ops.op("Sub", [raw, mean_k], f"{prefix}/batch_centered")
         sq = ops.op("Mul", [diff, diff], f"{prefix}/batch_squared")
         var_k = ops.reduce("ReduceMean", sq, axes, True, f"{prefix}/batch_variance_keepdims")
-        mu_b = ops.reshape(mean_k, [channels], f"{prefix}/batch_mean")
-        var_b = ops.reshape(var_k, [channels], f"{prefix}/batch_variance")
+        return (ops.reshape(mean_k, [f.channels], f"{prefix}/batch_mean"),
+                ops.reshape(var_k, [f.channels], f"{prefix}/batch_variance"))
 
-        # --- parameters and state ----------------------------------------------------------------
-        gamma, beta, mean_c, var_c = bn.inputs[1:5]
-        for v in (gamma, beta):
-            params.add(v.name)
-        eps = np.float32(float_attr(bn, "epsilon", 1e-5))
-        momentum = float_attr(bn, "momentum", 0.9)
-        mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(mean_c).reshape(channels))
-        var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(var_c).reshape(channels))
-        gamma_v = ops.reshape(gamma, [channels], f"{prefix}/gamma")
-        beta_v = ops.reshape(beta, [channels], f"{prefix}/beta")
-
-        # the layer's own bias and a bias Add's constant, as one [C] vector
+    def _bias(self, f: _Fold, match: Match, params: set[str]) -> ir.Value | None:
+        """The layer's own bias and a bias Add's constant, as one [C] vector (None without either)."""
+        ops, layer, prefix, op = self.ops, f.layer, f.prefix, f.layer.op_type
         biases = []
         if op in ("Conv", "ConvTranspose", "Gemm") and len(layer.inputs) > 2 and layer.inputs[2] is not None:
             b = layer.inputs[2]
             params.add(constant_source(b).root.name)
             if op == "Gemm":  # C broadcasts against the [batch, N] output
-                vec = self._bias_vector(b, channels, 2, f"{prefix}/layer_bias")
+                vec = self._bias_vector(b, f.channels, 2, f"{prefix}/layer_bias")
             else:  # a Conv bias is one value per output channel
-                vec = ops.reshape(b, [channels], f"{prefix}/layer_bias")
+                vec = ops.reshape(b, [f.channels], f"{prefix}/layer_bias")
             if op == "Gemm" and float_attr(layer, "beta", 1.0) != 1.0:
                 beta_attr = ops.const(f"{prefix}/gemm_beta", np.float32(float_attr(layer, "beta", 1.0)))
                 vec = ops.op("Mul", [vec, beta_attr], f"{prefix}/layer_bias_scaled")
             biases.append(vec)
-        add_const = None
-        if bias_add is not None:
-            add_const = other_input(bias_add, match_input(match), self.view)
+        if f.bias_add is not None:
+            add_const = other_input(f.bias_add, match_input(match), self.view)
             params.add(constant_source(add_const).root.name)
-            biases.append(self._bias_vector(add_const, channels, rank, f"{prefix}/add_bias"))
-        b_vec = biases[0] if biases else None
+            biases.append(self._bias_vector(add_const, f.channels, f.rank, f"{prefix}/add_bias"))
         if len(biases) == 2:
-            b_vec = ops.op("Add", biases, f"{prefix}/bias_sum")
+            return ops.op("Add", biases, f"{prefix}/bias_sum")
+        return biases[0] if biases else None
 
-        # --- the fold ---------------------------------------------------------------------------
-        eps_c = ops.const(f"{prefix}/epsilon", eps)
+    def _fold(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
+        """The folded weight (to be fake-quantized) and the corrected output; the layer is rewired."""
+        ops, layer, prefix, bn = self.ops, f.layer, f.prefix, f.bn
+        gamma_v = ops.reshape(bn.inputs[1], [f.channels], f"{prefix}/gamma")
+        beta_v = ops.reshape(bn.inputs[2], [f.channels], f"{prefix}/beta")
+        eps_c = ops.const(f"{prefix}/epsilon", f.eps)
         sigma_mv = ops.op("Sqrt", [ops.op("Add", [var_mv, eps_c], f"{prefix}/moving_variance_eps")], f"{prefix}/sigma_moving")
         sigma_b = ops.op("Sqrt", [ops.op("Add", [var_b, eps_c], f"{prefix}/batch_variance_eps")], f"{prefix}/sigma_batch")
         multiplier = ops.op("Div", [gamma_v, sigma_mv], f"{prefix}/multiplier")
-        w_mult = ops.reshape(multiplier, channel_shape(layer, w_array.ndim), f"{prefix}/multiplier_weight")
-        w_fold = ops.op("Mul", [w, w_mult], f"{prefix}/mul_fold", shape=w_array.shape)
-
+        w_mult = ops.reshape(multiplier, channel_shape(layer, f.w.ndim), f"{prefix}/multiplier_weight")
+        w_fold = ops.op("Mul", [layer.inputs[1], w_mult], f"{prefix}/mul_fold", shape=f.w.shape)
         recip = ops.op("Div", [sigma_mv, sigma_b], f"{prefix}/correction_recip_compute")
         gamma_over_sb = ops.op("Div", [gamma_v, sigma_b], f"{prefix}/gamma_over_sigma_batch")
         bias = ops.op("Sub", [beta_v, ops.op("Mul", [mu_b, gamma_over_sb], f"{prefix}/mean_times_scale")], f"{prefix}/bias")
@@ -189,25 +246,28 @@ class TrainFolder:
                                          ops.op("Div", [m_mv, sigma_mv], f"{prefix}/moving_ratio")], f"{prefix}/ratio_diff")],
                 f"{prefix}/offset_compute",
             )
-            one = ops.const(f"{prefix}/one", np.ones(channels, np.float32))
-            zero = ops.const(f"{prefix}/zero", np.zeros(channels, np.float32))
+            one = ops.const(f"{prefix}/one", np.ones(f.channels, np.float32))
+            zero = ops.const(f"{prefix}/zero", np.zeros(f.channels, np.float32))
             recip = ops.op("Where", [self.frozen, one, recip], f"{prefix}/correction_recip")
             offset = ops.op("Where", [self.frozen, offset, zero], f"{prefix}/correction_offset")
             bias = ops.op("Add", [offset, bias], f"{prefix}/offset_plus_bias")
-
         # the layer now computes layer(x, w_fold) without bias; the weight quantizer goes on w_fold
         layer.replace_input_with(1, w_fold)
         if len(layer.inputs) > 2:
             layer.resize_inputs(2)
-        if op == "Gemm" and "beta" in layer.attributes:
+        if layer.op_type == "Gemm" and "beta" in layer.attributes:
             layer.attributes.pop("beta")
-        scaled = ops.op("Mul", [layer_output, ops.reshape(recip, out_shape, f"{prefix}/correction_recip_shaped")],
+        out_shape = [1, f.channels] + [1] * (f.rank - 2)
+        scaled = ops.op("Mul", [layer.outputs[0], ops.reshape(recip, out_shape, f"{prefix}/correction_recip_shaped")],
                         f"{prefix}/post_conv_mul")
         result = ops.op("Add", [scaled, ops.reshape(bias, out_shape, f"{prefix}/bias_shaped")], f"{prefix}/add_fold")
+        return w_fold, result
 
-        # --- moving statistics -----------------------------------------------------------------------
-        mom = ops.const(f"{prefix}/momentum", np.float32(momentum))
-        one_minus = ops.const(f"{prefix}/one_minus_momentum", np.float32(1.0 - momentum))
+    def _moving_statistics(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
+        """``mv_new = momentum * mv + (1 - momentum) * batch``, held after the freeze."""
+        ops, prefix = self.ops, f.prefix
+        mom = ops.const(f"{prefix}/momentum", np.float32(f.momentum))
+        one_minus = ops.const(f"{prefix}/one_minus_momentum", np.float32(1.0 - f.momentum))
         mu_full = mu_b if b_vec is None else ops.op("Add", [mu_b, b_vec], f"{prefix}/batch_mean_with_bias")
         new_mean = ops.op("Add", [ops.op("Mul", [mom, mean_mv], f"{prefix}/moving_mean_decayed"),
                                   ops.op("Mul", [one_minus, mu_full], f"{prefix}/batch_mean_weighted")],
@@ -218,53 +278,26 @@ class TrainFolder:
         if self.frozen is not None:
             new_mean = ops.op("Where", [self.frozen, mean_mv, new_mean], f"{prefix}/freeze_moving_mean")
             new_var = ops.op("Where", [self.frozen, var_mv, new_var], f"{prefix}/freeze_moving_variance")
+        return new_mean, new_var
 
-        # --- replace the batch norm ---------------------------------------------------------------
-        bn_out = bn.outputs[0]
-        bn_name = bn_out.name
-        shape, dtype = bn_out.shape, bn_out.dtype
-        record = {
-            "name": bn.name,
-            "layer": layer.name,
-            "op": op,
-            "prefix": prefix,
-            "output": bn_name,
-            "layer_inputs": layer_inputs,
-            "layer_output": layer_output.name,
-            "gemm_beta": float_attr(layer, "beta", 1.0) if op == "Gemm" else None,
-            "scale": gamma.name,
-            "bias": beta.name,
-            "moving_mean": mean_mv.name,
-            "moving_variance": var_mv.name,
-            "epsilon": float(eps),
-            "momentum": float(momentum),
-            "bias_add": None,
-        }
-        if bias_add is not None:
-            record["bias_add"] = {
-                "name": bias_add.name,
-                "inputs": [v.name if v is not None else "" for v in bias_add.inputs],
-                "output": bias_add.outputs[0].name,
-            }
+    def _replace_batch_norm(self, f: _Fold, result: ir.Value) -> None:
+        """The fold's result takes the batch norm's output name; the batch norm goes."""
+        bn = f.bn
         old_nodes: list[ir.Node] = []
         old_values: list[ir.Value] = []
-        for value in (mean_c, var_c):
+        for value in bn.inputs[3:5]:
             src = constant_source(value)
             if src is not None:
                 old_nodes.extend(src.nodes)
                 old_values.append(src.root)
+        bn_out = bn.outputs[0]
+        bn_name, shape, dtype = bn_out.name, bn_out.shape, bn_out.dtype
         bn_out.replace_all_uses_with(result, replace_graph_outputs=True)
         self.graph.remove(bn, safe=True)
-        if bias_add is not None:
-            self.graph.remove(bias_add, safe=True)
+        if f.bias_add is not None:
+            self.graph.remove(f.bias_add, safe=True)
         bn_out.name = None
         result.name = bn_name
         result.shape = shape
         result.dtype = dtype or ir.DataType.FLOAT
         remove_if_unused(self.graph, old_nodes, old_values)
-        return TrainFold(
-            bn.name, layer, bn_name, w_fold, prefix,
-            state={"moving_mean": mean_mv.name, "moving_variance": var_mv.name},
-            record=record,
-            updates={mean_mv.name: new_mean, var_mv.name: new_var},
-        )
