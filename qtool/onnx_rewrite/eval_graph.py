@@ -45,8 +45,11 @@ from qtool.model.codec import (
     DEQUANTIZE,
     Storage,
     activation_params,
+    dequantize_node,
     dq_params,
     eight_bit_kernel_types,
+    qdq_names,
+    qdq_nodes,
     storage,
     storage_of,
     weight_params,
@@ -124,24 +127,10 @@ class EvalEncoder:
             self.graph.extend(nodes)
 
     def insert_qdq(self, value: ir.Value, base: str, scale: ir.Value, zero_point: ir.Value, store: Storage) -> ir.Node:
-        """Q -> [Clip] -> DQ on ``value``; every reader of ``value`` reads the DQ output."""
+        """Q -> [Clip] -> DQ on ``value`` (the codec's nodes); every reader of ``value`` reads the DQ output."""
         uses = list(value.uses())
         was_output = [i for i, out in enumerate(self.graph.outputs) if out is value]
-        q = ir.node("QuantizeLinear", [value, scale, zero_point], name=f"{base}/QuantizeLinear")
-        q.outputs[0].name = f"{base}/quantized"
-        q.outputs[0].dtype = store.dtype
-        q.outputs[0].shape = value.shape
-        nodes = [q]
-        last = q.outputs[0]
-        if store.needs_clip:
-            nodes_clip, last = self._clip(last, base, store)
-            nodes.extend(nodes_clip)
-        dq = ir.node("DequantizeLinear", [last, scale, zero_point], name=f"{base}/DequantizeLinear")
-        out = dq.outputs[0]
-        out.name = f"{base}/dequantized"
-        out.dtype = ir.DataType.FLOAT
-        out.shape = value.shape
-        nodes.append(dq)
+        nodes, out = qdq_nodes(value, base, scale, zero_point, store, self.initializer)
         self._insert_after(value, nodes)
         for node, index in uses:
             node.replace_input_with(index, out)
@@ -151,38 +140,10 @@ class EvalEncoder:
             out.name = name
             for i in was_output:
                 self.graph.outputs[i] = out
-        return dq
+        return nodes[-1]
 
-    def _clip(self, value: ir.Value, base: str, store: Storage):
-        lo, hi = store.grid
-        if store.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
-            np_dtype = store.numpy_dtype()
-            lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np_dtype))
-            hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np_dtype))
-            clip = ir.node("Clip", [value, lo_v, hi_v], name=f"{base}/Clip")
-            clip.outputs[0].name = f"{base}/clipped"
-            clip.outputs[0].dtype = store.dtype
-            return [clip], clip.outputs[0]
-        # onnxruntime has no 16-bit Clip: clip in int32
-        lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np.int32))
-        hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np.int32))
-        up = ir.node("Cast", [value], {"to": ir.DataType.INT32}, name=f"{base}/Cast")
-        up.outputs[0].name = f"{base}/quantized_int32"
-        clip = ir.node("Clip", [up.outputs[0], lo_v, hi_v], name=f"{base}/Clip")
-        clip.outputs[0].name = f"{base}/clipped_int32"
-        down = ir.node("Cast", [clip.outputs[0]], {"to": store.dtype}, name=f"{base}/Cast_back")
-        down.outputs[0].name = f"{base}/clipped"
-        down.outputs[0].dtype = store.dtype
-        return [up, clip, down], down.outputs[0]
-
-    def _qdq_prefix(self, base: str, clip: bool, cast: bool) -> str:
-        nodes = ["QuantizeLinear", "DequantizeLinear"] + (["Clip"] if clip else []) + (["Cast", "Cast_back"] if cast else [])
-        values = ["quantized", "dequantized", "scale", "zero_point"]
-        if clip:
-            values += ["clip_min", "clip_max", "clipped"]
-        if cast:
-            values += ["quantized_int32", "clipped_int32"]
-        return self.names.prefix(base, nodes, values)
+    def _qdq_prefix(self, base: str, store: Storage) -> str:
+        return self.names.prefix(base, *qdq_names(store))
 
     # --- weights ---------------------------------------------------------------------------
     def encode_weight(self, point: WeightPoint) -> None:
@@ -202,11 +163,7 @@ class EvalEncoder:
         q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
         scale = self.initializer(f"{base}/scale", params.scale)
         zp = self.initializer(f"{base}/zero_point", params.zero_point, params.storage.dtype)
-        attrs = {"axis": int(point.axis)} if point.axis is not None else {}
-        dq = ir.node("DequantizeLinear", [q_init, scale, zp], attrs, name=f"{base}/DequantizeLinear")
-        dq.outputs[0].name = f"{base}/dequantized"
-        dq.outputs[0].dtype = ir.DataType.FLOAT
-        dq.outputs[0].shape = ir.Shape(w.shape)
+        dq = dequantize_node(q_init, scale, zp, base, point.axis, w.shape)
         first = min(point.layers, key=lambda n: self._position(n))
         self.graph.insert_before(first, dq)
         source = constant_source(point.value)
@@ -243,9 +200,7 @@ class EvalEncoder:
         lo, hi = observed if observed is not None else point.default_range
         params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric)
         store = params.storage
-        clip = store.needs_clip
-        cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
-        base = self._qdq_prefix(point.name, clip, cast)
+        base = self._qdq_prefix(point.name, store)
         scale = self.initializer(f"{base}/scale", params.scale)
         zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
         tensor_name = point.value.name
@@ -300,9 +255,7 @@ class EvalEncoder:
                 continue
             scale, zp, dtype = params
             store = storage_of(dtype, self.config.activation_bits, self.config.symmetric)
-            clip = store.needs_clip
-            cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
-            base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", clip, cast)
+            base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", store)
             name = x.name
             self.insert_qdq(x, base, scale, zp, store)
             self.result.propagated.append({
@@ -402,12 +355,8 @@ class QuantizeBias:
         scale_arr = b_scale[:1].reshape(()) if per_tensor else b_scale
         zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
         q_init = enc.initializer(f"{base}/quantized", q.reshape(b.shape))
-        dq = ir.node("DequantizeLinear", [q_init, enc.initializer(f"{base}/scale", scale_arr),
-                                          enc.initializer(f"{base}/zero_point", zp_arr)],
-                     {} if per_tensor else {"axis": 0}, name=f"{base}/DequantizeLinear")
-        dq.outputs[0].name = f"{base}/dequantized"
-        dq.outputs[0].dtype = ir.DataType.FLOAT
-        dq.outputs[0].shape = ir.Shape(b.shape)
+        dq = dequantize_node(q_init, enc.initializer(f"{base}/scale", scale_arr),
+                             enc.initializer(f"{base}/zero_point", zp_arr), base, None if per_tensor else 0, b.shape)
         enc.graph.insert_before(layer, dq)
         source = constant_source(bias)
         layer.replace_input_with(2, dq.outputs[0])
