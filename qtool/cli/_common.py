@@ -194,12 +194,6 @@ def print_result(result, as_json: bool) -> None:
         click.echo(result.format_text())
 
 
-def not_built(command: str, issue: str) -> None:
-    """Say plainly that a command has not landed yet and exit non-zero."""
-    click.echo(f"qtool: '{command}' is not implemented yet ({issue}); nothing was written.", err=True)
-    sys.exit(3)
-
-
 class ProgressBars:
     """Click progress bars on stderr, one per pass over the data; off when stderr
     is not a terminal (or for ``--json``).

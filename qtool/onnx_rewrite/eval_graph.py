@@ -78,7 +78,6 @@ class EvalEncoding:
     biases: list[dict] = field(default_factory=list)
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    opset_needed: int = 10
 
 
 def needed_opset(config: QuantConfig) -> int:
