@@ -356,8 +356,10 @@ def _strip(model: ir.Model, contract: dict) -> TrainedState:
             inp.name = q["tensor"]
     # batch norms: the layer with its own inputs, [the bias Add], BatchNormalization(moving stats)
     bn_outputs = {}
-    values = values_by_name(graph)
     for b in contract["batch_norms"]:
+        # by name, afresh: a batch norm restored before may be this layer's input (a folded output
+        # read by another folded layer), and its output value changed
+        values = values_by_name(graph)
         prefixes.add(b["prefix"])
         layer = next((n for n in graph if n.name == b["layer"]), None)
         if layer is None:
