@@ -18,6 +18,7 @@ from qtool import calibrate as cal
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
+from qtool.model.codec import foreign_quantization
 from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_model, save_model, same_file
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
 from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
@@ -40,6 +41,14 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
         self._last = now
+
+
+def _check_float(opened: OpenedModel) -> None:
+    """qtool quantizes float models (or its own output, idempotently); never a second time."""
+    reason = foreign_quantization(opened.model.graph)
+    if reason is not None:
+        raise QtoolError(f"'{opened.label}' is already quantized: {reason}. qtool quantizes float models: "
+                         "give it the float model (to compare quantized models, use qtool simulate --quantized)")
 
 
 def _load_data(source, opened: OpenedModel) -> CalibrationData | None:
@@ -72,6 +81,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     if ranges is not None and calibration_data is not None:
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
     opened = open_model(model, output, in_place)
+    _check_float(opened)
     clock.lap("load")
     given = cal.load_ranges(ranges) if ranges is not None else None
     prepared = prepare_eval(opened.model, quant, opened.label)
@@ -113,6 +123,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     (``docs/training.md``); a qtool training graph is returned as it is.
     """
     opened = open_model(model, output, in_place)
+    _check_float(opened)
     contract = existing_contract(opened.model, opened.label)
     if contract is not None:  # already rewritten: report, do not rewrite twice
         if in_place:

@@ -283,3 +283,29 @@ def dequantize_node(codes: ir.Value, scale: ir.Value, zero_point: ir.Value, base
     if shape is not None:
         dq.outputs[0].shape = ir.Shape(shape)
     return dq
+
+
+# --- models that are already quantized ----------------------------------------------------------------
+QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat",
+                 "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
+                 "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
+                 "QLinearSoftmax", "QAttention", "DynamicQuantizeLSTM", "MatMulNBits")
+# the pieces of the names qtool gives its quantizers (``conv1/weights_quant/DequantizeLinear`` ...)
+QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_quant/", "input_quant/",
+                         "bias_quant/", "_quant/")
+
+
+def foreign_quantization(graph: ir.Graph) -> str | None:
+    """Why ``graph`` is already quantized by something other than qtool (None when it is float or
+    quantized by qtool, whose rewrites are idempotent): QOperator ops, or Q/DQ nodes qtool did not name."""
+    qops = [n for n in graph.all_nodes() if n.op_type in QOPERATOR_OPS]
+    if qops:
+        kinds = sorted({n.op_type for n in qops})
+        return (f"it is a quantized model in onnxruntime's QOperator format ({len(qops)} node(s): "
+                f"{', '.join(kinds[:4])}{' ...' if len(kinds) > 4 else ''})")
+    qdq = [n for n in graph.all_nodes() if is_onnx(n, QUANTIZE, DEQUANTIZE)]
+    foreign = [n for n in qdq if not any(mark in (n.name or "") for mark in QTOOL_QUANTIZER_MARKS)]
+    if foreign:
+        return (f"it already has {len(qdq)} QuantizeLinear/DequantizeLinear node(s) that qtool did not write "
+                f"(e.g. '{foreign[0].name or foreign[0].outputs[0].name}')")
+    return None
