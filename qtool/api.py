@@ -136,7 +136,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
         observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress)
-        ranges = prepared.rename(observed.ranges)
+        ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
     encoded = encode_train(prepared, schedule, ranges)
     files = _save(opened)
     ignored = list(data.ignored) if data is not None else []

@@ -46,25 +46,18 @@ from qtool.model.codec import (
     Storage,
     activation_params,
     dequantize_node,
-    dq_params,
     eight_bit_kernel_types,
     qdq_names,
     qdq_nodes,
     storage,
-    storage_of,
     weight_params,
 )
 from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
 from qtool.model.graph import GraphView
 from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, WeightPoint
 
-# ops whose output stays inside the input's range; ReduceMean is how torch's dynamo exporter writes
-# adaptive_avg_pool2d(1) and x.mean(...)
-PROPAGATE_THROUGH = RANGE_PRESERVING_OPS + ("AveragePool", "GlobalAveragePool", "ReduceMean", "ReduceMax",
-                                            "ReduceMin")
 _INT32 = np.iinfo(np.int32)
 
 
@@ -107,6 +100,7 @@ class EvalEncoder:
         self.view = GraphView(graph)
         self.result = EvalEncoding()
         self.weight_scales: dict[int, tuple[np.ndarray, int | None]] = {}  # layer id -> (scale, axis)
+        self.parameters: dict[str, tuple[ir.Value, ir.Value]] = {}  # tensor -> its quantizer's scale, zero point
 
     # --- helpers ---------------------------------------------------------------------------
     def initializer(self, name: str, array: np.ndarray, dtype: ir.DataType | None = None) -> ir.Value:
@@ -193,15 +187,19 @@ class EvalEncoder:
         return self._order.get(id(node), 0)
 
     # --- activations -------------------------------------------------------------------------
-    def encode_activation(self, point: ActivationPoint, observed: tuple[float, float] | None) -> None:
+    def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
-        source = "calibration" if observed is not None else "default"
-        lo, hi = observed if observed is not None else point.default_range
+        (lo, hi), source = resolved
         params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric)
         store = params.storage
         base = self._qdq_prefix(point.name, store)
-        scale = self.initializer(f"{base}/scale", params.scale)
-        zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
+        shared = self.parameters.get(point.root().value.name) if point.source is not None else None
+        if shared is not None:  # a carried quantizer reads its source's scale and zero point
+            scale, zp = shared
+        else:
+            scale = self.initializer(f"{base}/scale", params.scale)
+            zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
+            self.parameters[point.value.name] = (scale, zp)
         tensor_name = point.value.name
         self.insert_qdq(point.value, base, scale, zp, store)
         entry = {
@@ -218,52 +216,23 @@ class EvalEncoder:
         }
         if params.degenerate:
             entry["note"] = "range [0, 0]: the tensor quantizes to 0"
+        if point.source is not None:
+            entry["same_as"] = point.root().value.name
+            self.result.propagated.append({"tensor": tensor_name, "quantizer": base, "same_as": entry["same_as"],
+                                           "through": point.producer.op_type if point.producer else None})
         self.result.activations.append(entry)
 
-    # --- onnxruntime additions ----------------------------------------------------------------
-    def propagate_inputs(self) -> None:
+    def report_float_layers(self) -> None:
+        """Layers whose weight is quantized but whose input is not: onnxruntime runs them in float."""
         for match in self.plan.layers:
             layer = match.layer
-            if id(layer) not in self.weight_scales and not self._weight_exists(layer):
-                continue
-            x = layer.inputs[0]
-            if x is None:
+            x = layer.inputs[0] if layer.inputs else None
+            if id(layer) not in self.weight_scales or x is None:
                 continue
             producer = x.producer()
-            if producer is not None and producer.domain == "" and producer.op_type == DEQUANTIZE:
-                continue
-            found = None
-            through: list[str] = []
-            v = x
-            for _ in range(32):
-                p = v.producer()
-                if p is None or p.domain != "":
-                    break
-                if p.op_type == DEQUANTIZE:
-                    found = p
-                    break
-                if p.op_type not in PROPAGATE_THROUGH or not p.inputs or p.inputs[0] is None:
-                    break
-                through.append(p.op_type)
-                v = p.inputs[0]
-            params = dq_params(found) if found is not None and through else None
-            if params is None:
-                self.result.notes.append(
-                    f"layer '{layer.name}': its input '{x.name}' is not quantized, so onnxruntime runs it with float inputs"
-                )
-                continue
-            scale, zp, dtype = params
-            store = storage_of(dtype, self.config.activation_bits, self.config.symmetric)
-            base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", store)
-            name = x.name
-            self.insert_qdq(x, base, scale, zp, store)
-            self.result.propagated.append({
-                "tensor": name,
-                "layer": layer.name,
-                "quantizer": base,
-                "same_as": found.name,
-                "through": through,
-            })
+            if producer is None or producer.domain != "" or producer.op_type != DEQUANTIZE:
+                self.result.left_in_float.append(LeftInFloat(
+                    layer.name, layer.op_type, f"runs in float: its input '{x.name}' is not quantized"))
 
     def _weight_exists(self, layer: ir.Node) -> bool:
         w = layer.inputs[1] if len(layer.inputs) > 1 else None
@@ -287,10 +256,10 @@ class EvalEncoder:
     def run(self, ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
         for point in self.plan.new_weights():
             self.encode_weight(point)
+        resolved = self.plan.resolve(ranges)
         for point in self.plan.new_activations():
-            observed = None if ranges is None else ranges.get(point.value.name)
-            self.encode_activation(point, observed)
-        self.propagate_inputs()
+            self.encode_activation(point, resolved[point.value.name])
+        self.report_float_layers()
         self.quantize_biases()
         return self.result
 
