@@ -30,7 +30,6 @@ model ``rewrite_eval`` made in memory and for a file given with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -215,7 +214,7 @@ def _uses(value: ir.Value) -> list[tuple[ir.Node, int]]:
     return [(u[0], u[1]) for u in value.uses()]
 
 
-def _value_index(graph: ir.Graph) -> dict[str, ir.Value]:
+def value_index(graph: ir.Graph) -> dict[str, ir.Value]:
     values = {v.name: v for v in graph.inputs if v.name}
     for node in graph:
         for out in node.outputs:
@@ -230,7 +229,7 @@ class FloatIndex:
     def __init__(self, graph: ir.Graph, quantized_node_names: set[str]):
         self.graph = graph
         self.nodes = {n.name: n for n in graph if n.name}
-        self.values = _value_index(graph)
+        self.values = value_index(graph)
         self.inputs = {v.name for v in graph.inputs}
         self.outputs = {v.name for v in graph.outputs}
         self.q_nodes = quantized_node_names
@@ -299,44 +298,12 @@ def float_weights(f_folded: ir.Graph, quantized: QuantizedGraph) -> dict[str, np
 # --- edits on a copy -----------------------------------------------------------------------------
 
 
-def clone(model: ir.Model) -> ir.Model:
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
-
-
-def bytes_with_outputs(
-    model: ir.Model, names: Iterable[str], dtypes: dict[str, ir.DataType] | None = None
-) -> tuple[bytes, list[str]]:
-    """The serialized model with the named tensors as extra graph outputs; the model is left as it was.
-
-    Returns the bytes and the names added (tensors that are graph inputs or
-    already outputs, and unknown names, are not added).
-    """
-    graph = model.graph
-    values = _value_index(graph)
-    have = {v.name for v in graph.outputs}
-    added: list[ir.Value] = []
-    typed: list[ir.Value] = []
-    for name in names:
-        if name in have or name not in values:
-            continue
-        v = values[name]
-        if v.is_graph_input():
-            continue
-        if v.type is None:
-            v.type = ir.TensorType(v.dtype or (dtypes or {}).get(name) or ir.DataType.FLOAT)
-            typed.append(v)
-        added.append(v)
-        have.add(name)
-    count = len(graph.outputs)
-    graph.outputs.extend(added)
-    try:
-        data = ir.serde.serialize_model(model).SerializeToString()
-    finally:
-        while len(graph.outputs) > count:
-            graph.outputs.pop()
-        for v in typed:
-            v.type = None
-    return data, [v.name for v in added]
+def dtype_name(value: ir.Value | None) -> str | None:
+    """The element type of ``value`` (from its type or its constant), lower case."""
+    dtype = value.dtype if value is not None else None
+    if dtype is None and value is not None and value.const_value is not None:
+        dtype = value.const_value.dtype
+    return dtype.name.lower() if dtype is not None else None
 
 
 def _bypass(graph: ir.Graph, act: ActivationQuantizer) -> None:
@@ -409,11 +376,21 @@ def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
     return owned
 
 
+def quantizer_layers(quantized: QuantizedGraph) -> dict[str, str]:
+    """Activation quantizer name -> the name of the (first) layer it belongs to."""
+    names = {id(n): n.name for n in quantized.layers()}
+    out: dict[str, str] = {}
+    for layer_id, owned in layer_owned_quantizers(quantized).items():
+        for q in owned:
+            out.setdefault(q, names[layer_id])
+    return out
+
+
 def single_layer_model(
     model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None]
 ) -> tuple[ir.Model | None, str]:
     """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible."""
-    copy = clone(model)
+    copy = model.clone()  # shares the tensors
     graph = copy.graph
     quantized = find_quantizers(graph)
     layers = {n.name: n for n in quantized.layers()}
