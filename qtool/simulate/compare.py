@@ -189,12 +189,11 @@ class FloatReference:
     def __init__(self, model: ir.Model):
         self.model = model  # ours: a fresh load or a copy
         name_unnamed_nodes(model.graph)
-        self.batch_norms = {n.name for n in model.graph if n.op_type == "BatchNormalization"}
         self._folded: dict[frozenset, ir.Graph | None] = {}
 
     def folded(self, q_graph: ir.Graph) -> ir.Graph | None:
         """The float graph with the batch norms folded that ``q_graph`` folded (None when it cannot be)."""
-        exclude = frozenset(n.name for n in q_graph if n.op_type == "BatchNormalization" and n.name in self.batch_norms)
+        exclude = g.kept_batch_norms(q_graph, self.model.graph)
         if exclude not in self._folded:
             folded = self.model.clone()
             try:
@@ -236,12 +235,14 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
                histograms: bool) -> QuantizedAcc:
     """Find the quantizers of ``q``, their float counterparts, and the sessions that read them."""
     q_graph = q.model.model.graph
+    g.name_unnamed_layers(q_graph)  # ours to edit (a fresh load or a copy); layers are found by name
     qg = g.find_quantizers(q_graph)
     g.map_counterparts(q_graph, ref.model.graph, qg)
     f_folded = ref.folded(q_graph)
-    float_arrays = g.float_weights(f_folded, qg) if f_folded is not None else {w.name: None for w in qg.weights}
+    float_arrays = g.float_weights(f_folded, qg, ref.model.graph) if f_folded is not None else {w.name: None for w in qg.weights}
     layer_of = g.quantizer_layers(qg)
     acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays))
+    acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:
             acc.unmatched.append(Unmatched(act.name, act.float_value.name, act.how))
@@ -265,8 +266,9 @@ def _single_layer_models(q: QuantizedModel, qg: g.QuantizedGraph, f_folded, floa
     if f_folded is None:
         notes.append("sensitivity: the float model could not be folded like the quantized one")
     out = []
+    clamping = g.clamping_quantizers(qg)
     for layer in qg.layers():
-        single, why = g.single_layer_model(q.model.model, layer.name, float_arrays)
+        single, why = g.single_layer_model(q.model.model, layer.name, float_arrays, clamping)
         if single is None:
             notes.append(f"sensitivity: layer '{layer.name}' skipped: {why}")
             continue
