@@ -62,7 +62,6 @@ def run_simulation(model, data, config: SimulateConfig, progress: Progress | Non
     models = [QuantizedModel(q.label, q) for q in quantized]
     calibration, notes = None, []
     if config.what_if:
-        _stage(progress, "calibrating", 0, dataset.num_samples)
         models, calibration, notes = quantize_in_memory(f, dataset, config, _stage_callback(progress, "calibrating"))
         totals.seconds["calibrating"] = calibration.seconds
     _stage(progress, "preparing", 0, 0)

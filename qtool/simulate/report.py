@@ -198,7 +198,7 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
                         indent="    ", width=width, shrink=4)
         lines += _more(mdl["weights"], limit)
     if mdl.get("sensitivity"):
-        lines.append("  sensitivity: only this layer quantized, worst first (keep the top ones in float)")
+        lines.append("  sensitivity: one layer quantized at a time, worst first (keep those in float)")
         rows = [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]), f"{s['layer']} ({s['op']})"]
                 for s in mdl["sensitivity"][:limit]]
         lines += _table(["out SQNR dB", "accuracy", "agreement", "layer"], rows, [True, True, True, False],

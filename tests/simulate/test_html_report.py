@@ -8,11 +8,12 @@ import pytest
 from sim_helpers import EVAL, MODEL
 
 import qtool
+from qtool.simulate.core import simulate
 
 
 @pytest.fixture(scope="module")
 def result(q_damaged):
-    return qtool.simulate(MODEL, EVAL, labels="labels", quantized=[q_damaged], sensitivity=True, histograms=True)
+    return simulate(MODEL, EVAL, labels="labels", quantized=[q_damaged], sensitivity=True, histograms=True)
 
 
 def _images(page):
@@ -41,7 +42,7 @@ def test_html_with_a_bit_width_grid_has_the_accuracy_map(tmp_path):
 
     from qtool.simulate.html import render_html
 
-    rep = qtool.simulate(MODEL, EVAL, labels="labels", weight_bits="4,8", activation_bits="8").report
+    rep = simulate(MODEL, EVAL, labels="labels", weight_bits="4,8", activation_bits="8").report
     for m in rep["models"]:  # keep the page (and the test) small: only the table of models is under test
         m["activations"], m["weights"] = [], []
     page = render_html(rep)
