@@ -209,7 +209,8 @@ def _weights(qg: g.QuantizedGraph, float_arrays: dict) -> list[WeightError]:
     for w in qg.weights:
         deq, ref = w.dequantized(), float_arrays.get(w.name)
         base = dict(quantizer=w.name, layer=w.layer.name, op=w.layer.op_type,
-                    role="weight" if w.index == 1 else "bias", dtype=g.dtype_name(w.dq.inputs[0]))
+                    role="weight" if w.index == 1 else "bias",
+                    dtype=g.dtype_name(w.dq.inputs[0]) or g.dtype_name(w.dq.inputs[2] if len(w.dq.inputs) > 2 else None))
         if deq is None or ref is None:
             out.append(WeightError(**base, problem="no float value to compare with"))
         elif ref.shape != deq.shape:
