@@ -39,7 +39,7 @@ h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.25em;margin-top:2em;border
 h3{font-size:1.05em} .meta{color:#555;margin-top:0}
 table{border-collapse:collapse;margin:.5em 0 1em} td,th{border:1px solid #ddd;padding:.25em .6em;font-size:.9em}
 td{overflow-wrap:anywhere} .wide{overflow-x:auto;max-width:100%}
-th{background:#f4f4f4;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4;text-align:left} td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 #summary{background:#f7f9fc;border:1px solid #cfd8e6;border-radius:6px;padding:.5em 1.2em 1em}
 #summary h2{margin-top:.5em;border:none}
 .verdict{font-weight:600;padding:.1em .5em;border-radius:4px;white-space:nowrap}
