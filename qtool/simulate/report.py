@@ -13,6 +13,8 @@ import math
 import os
 import tempfile
 
+from qtool.errors import QtoolError
+
 
 def json_safe(value):
     """A copy of ``value`` with non-finite floats as strings and numpy scalars as Python ones."""
@@ -32,8 +34,6 @@ def atomic_write(path, text: str) -> None:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        from qtool.errors import QtoolError
-
         raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".qtool-", suffix=".tmp", dir=folder)
     try:

@@ -56,11 +56,10 @@ def quantize_in_memory(
     start = time.perf_counter()
     data, label, on_eval = _calibration_data(config, float_model.model, dataset)
     pairs = [(wb, ab) for wb in config.weight_bits for ab in config.activation_bits]
-    folded, tensors = None, []
-    for wb, ab in pairs:  # the plans may differ in what they quantize: calibrate the union
-        model, names = prepare_for_calibration(float_model.model, weight_bits=wb, activation_bits=ab)
-        folded = folded or model
-        tensors += [t for t in names if t not in tensors]
+    # the plan (which tensors are quantized) does not depend on the bit widths: one fold and plan, one
+    # calibration; rewrite_eval checks each pair's plan against these ranges and names a missing one
+    folded, tensors = prepare_for_calibration(float_model.model, weight_bits=max(config.weight_bits),
+                                              activation_bits=max(config.activation_bits))
     ranges = collect_ranges(folded, tensors, data, batch_size=config.batch_size, method="minmax",
                             progress=progress).ranges if tensors else {}
     notes = [EVAL_DATA_NOTE] if on_eval else []

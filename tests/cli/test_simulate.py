@@ -128,3 +128,26 @@ def test_progress_bars_name_each_pass(monkeypatch):
             bars.update(label, done, 100)
     bars.close()
     assert "calibrating W8A8" in err.getvalue() and "evaluating" in err.getvalue()
+
+
+def test_stage_progress_draws_a_bar_on_a_terminal(monkeypatch):
+    import io
+    import sys
+
+    from qtool.cli._progress import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = StageProgress("simulate")  # decides by stderr.isatty()
+    for stage in ("calibrating", "evaluating"):
+        for done in (0, 50, 100):
+            progress.update(stage, done, 100)
+    progress.finish()
+    out = err.getvalue()
+    assert "calibrating" in out and "evaluating" in out and "100/100" in out  # click's bars, with positions
+    assert "(100 samples)" not in out  # no stage lines on a terminal
+    assert out.rstrip().splitlines()[-1].startswith("qtool simulate: done in ")
