@@ -10,6 +10,7 @@ ranges pass between them here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_mod
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
 from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
-from qtool.simulate.core import simulate  # noqa: F401 - re-exported as qtool.simulate
+from qtool.simulate.config import SimulateConfig
+from qtool.simulate.core import run_simulation
+from qtool.simulate.result import SimulateResult
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -180,6 +183,40 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
     result = calibrate(model, data, quant=quant, calibration=calibration, progress=progress)
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     return cal.write_ranges_file(out, result, label, quant, calibration.batch_size)
+
+
+def simulate(model, data, config: SimulateConfig | None = None, *, json_path=None, html_path=None,
+             progress=None) -> SimulateResult:
+    """Compare a float model with quantized versions of it on ``data`` (``docs/simulate.md``).
+
+    ``config``: the quantized models to compare, or the bit widths of a what-if table quantized
+    here in memory (one calibration for every pair), labels, output, batch axis, sensitivity.
+    ``json_path``/``html_path``: also write the report there. ``progress(stage, done, total)``.
+    """
+    config = config or SimulateConfig()
+    if html_path is not None and not config.histograms:
+        config = dataclasses.replace(config, histograms=True)
+    result = run_simulation(model, data, config, _quantize_pairs, progress)
+    if json_path is not None:
+        result.write_json(json_path)
+    if html_path is not None:
+        result.write_html(html_path)
+    return result
+
+
+def _quantize_pairs(model, data: CalibrationData, pairs: list, batch_size: int, progress=None) -> list:
+    """The what-if table's models: one fold, plan and calibration, then each (weight, activation)
+    pair written from those ranges (the plan does not depend on the bit widths)."""
+    planned = model.clone()
+    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs))
+    tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
+    ranges = cal.collect_ranges(planned, tensors, data, CalibrationConfig(batch_size=batch_size), widest,
+                                progress).ranges if tensors else {}
+    out = []
+    for wb, ab in pairs:
+        result = rewrite_eval(model, quant=QuantConfig(wb, ab), ranges=ranges or None)
+        out.append((result.model, result.warnings))
+    return out
 
 
 def finetune(model, data, output, config=None, *, progress=None):
