@@ -2,8 +2,8 @@
 
 - ``config``: :class:`SimulateConfig`, the options, checked in one place;
 - ``core``: :func:`run_simulation`, the story (load, quantize in memory or
-  take the given models, plan, one pass over the data), and
-  :func:`simulate`, the same with keyword arguments;
+  take the given models, plan, one pass over the data); ``qtool.api.simulate``
+  calls it with the what-if table's quantizer;
 - ``inputs``: models (through the one model loader) and data;
 - ``whatif``: the what-if models, quantized in memory from one calibration;
 - ``graph``: reading a QDQ model against its float model (quantizers, float
@@ -16,7 +16,7 @@
 """
 
 from qtool.simulate.config import SimulateConfig
-from qtool.simulate.core import run_simulation, simulate
+from qtool.simulate.core import run_simulation
 from qtool.simulate.result import SimulateResult
 
-__all__ = ["SimulateConfig", "SimulateResult", "run_simulation", "simulate"]
+__all__ = ["SimulateConfig", "SimulateResult", "run_simulation"]

@@ -91,7 +91,7 @@ def test_the_browser_decodes_every_plot_and_the_summary_leads(page):
     assert kinds.count("sqnr") == 4  # activations and weights of W4A8 and W8A8
     for kind, complete, natural_w, natural_h, shown_w in probe["images"]:
         assert complete and natural_w > 0 and natural_h > 0, kind  # decoded by the browser
-        assert shown_w >= 0.45 * (WIDTH - 200) or kind in ("bits"), (kind, shown_w)  # not squeezed into a corner
+        assert shown_w >= 0.45 * (WIDTH - 200) or kind in ("bits",), (kind, shown_w)  # not squeezed into a corner
     s = probe["sections"]
     assert s["summary"] < 300 and s["summary"] < s["contents"] < s["models"] < s["first"]  # the answer first
     assert probe["scrollWidth"] <= WIDTH  # nothing wider than the window

@@ -68,7 +68,7 @@ def test_advice_rules():
     assert advice.costly_layers(clipped)[0].action == "more calibration data"
     dominant = dict(base, weights=[{"layer": "a", "op": "Conv", "role": "weight", "sqnr_db": 45.0}],
                     sensitivity=[{"layer": "a", "op": "Conv", "sqnr_db": 31.0}])
-    (a) = advice.costly_layers(dominant)
+    (a,) = advice.costly_layers(dominant)
     assert a.action == "keep in float" and "--exclude 'a'" in a.how
     low_weights = dict(base, weights=[{"layer": "a", "op": "Conv", "role": "weight", "sqnr_db": 20.0}])
     assert advice.costly_layers(low_weights)[0].action == "16 bits"
@@ -85,7 +85,7 @@ def test_plots_are_drawn_to_be_read(monkeypatch, result):
     page_module.render_html(rep)
     heat = [f for f in figures if any(ax.get_label() == "<colorbar>" for ax in f.axes)]
     assert len(heat) == 1
-    (bar_axes) = [ax for ax in heat[0].axes if ax.get_label() == "<colorbar>"]
+    (bar_axes,) = [ax for ax in heat[0].axes if ax.get_label() == "<colorbar>"]
     assert bar_axes.get_ylabel() == "accuracy (%)"
     bars = [f for f in figures if f not in heat]
     assert bars

@@ -43,7 +43,7 @@ def test_external_data_from_another_folder(external, monkeypatch):
     given = simulate(models / "float.onnx", EVAL, SimulateConfig(labels="labels", quantized=[models / "q8.onnx"], sensitivity=True)).report
     plain = simulate(MODEL, EVAL, SimulateConfig(labels="labels", calibration_data=CALIB, sensitivity=True)).report
     for rep in (what_if, given):
-        (m) = rep["models"]
+        (m,) = rep["models"]
         assert m["output"] == plain["models"][0]["output"]  # the same model, the same numbers
-        assert len(m["sensitivity"]) == 5 and len(m["activations"]) == 9
+        assert len(m["sensitivity"]) == 5 and len(m["activations"]) == 10
         assert all(a.get("problem") is None for a in m["activations"])

@@ -15,10 +15,10 @@ import pytest
 from sim_helpers import CALIB, EVAL, MODEL
 
 from qtool.api import simulate
-from qtool.simulate.config import SimulateConfig
 
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
+from qtool.simulate.config import SimulateConfig
 
 N = 200  # evaluation samples (enough for stable numbers, fast)
 
@@ -76,7 +76,7 @@ def test_the_numbers_of_a_tensor_equal_a_direct_onnxruntime_computation(case):
     import onnxruntime as ort
 
     _, float_path, q_path, data, m = case
-    (entry) = [a for a in m["activations"] if a["tensor"] == "/Relu_output_0"]
+    (entry,) = [a for a in m["activations"] if a["tensor"] == "/Relu_output_0"]
 
     def tensor(path, name):
         proto = onnx.load(str(path))

@@ -13,7 +13,6 @@ import qtool
 from qtool.errors import QtoolError
 from qtool.simulate.config import SimulateConfig
 from qtool.api import simulate
-from qtool.simulate.config import SimulateConfig
 
 RNG = np.random.default_rng(0)
 
@@ -66,7 +65,7 @@ def test_with_the_batch_axis_the_numbers_are_per_sample(gru, axis):
         return np.argmax(out[0], axis=1), out
 
     (ft, f), (qt, qv) = top1(path), top1(q)
-    (m) = rep["models"]
+    (m,) = rep["models"]
     assert m["agreement"] == np.mean(ft == qt)
     f64, q64 = f.astype(np.float64), qv.astype(np.float64)
     assert m["output"]["sqnr_db"] == pytest.approx(10 * math.log10(np.sum(f64**2) / np.sum((f64 - q64) ** 2)), rel=1e-9)
@@ -77,7 +76,8 @@ def test_with_the_batch_axis_the_numbers_are_per_sample(gru, axis):
     [("nope=1", "batch axis given for output 'nope', but the model .* has no such output"),
      ("state=x", "expected an integer axis"),
      (["1", "0"], "batch axis given twice for all outputs"),
-     (3, "has no batch axis 3")])
+     (3, "has no batch axis 3")],
+)
 def test_a_bad_batch_axis_is_one_clear_error(gru, axis, message):
     path, q, data = gru
     with pytest.raises(QtoolError, match=message):
@@ -88,7 +88,7 @@ def test_the_config_normalizes_every_spelling_once():
     assert SimulateConfig(batch_axis=None).batch_axis == {"": 0}
     assert SimulateConfig(batch_axis=["a=1", "2"]).batch_axis == {"a": 1, "": 2}
     c = SimulateConfig(weight_bits="4, 8,4", activation_bits=16, quantized="q.onnx", batch_axis={"a": 1})
-    assert c.weight_bits == (4, 8) and c.activation_bits == (16) and c.quantized == ("q.onnx")
+    assert c.weight_bits == (4, 8) and c.activation_bits == (16,) and c.quantized == ("q.onnx",)
     assert c.axis_for("a") == 1 and c.axis_for("b") == 0 and not c.what_if
     with pytest.raises(Exception):  # frozen
         c.batch_size = 3
@@ -99,7 +99,7 @@ def regression(tmp_path_factory):
     """x [N, 8] -> Gemm -> Relu -> Gemm -> y [N, 1]: one value per sample."""
     tmp = tmp_path_factory.mktemp("regression")
     inits = [nh.from_array(RNG.normal(0, 0.5, s).astype(np.float32), n)
-             for n, s in (("W1", (8, 16)), ("b1", (16)), ("W2", (16, 1)), ("b2", (1)))]
+             for n, s in (("W1", (8, 16)), ("b1", (16,)), ("W2", (16, 1)), ("b2", (1,)))]
     nodes = [h.make_node("Gemm", ["x", "W1", "b1"], ["h"], name="fc1"), h.make_node("Relu", ["h"], ["r"], name="relu"),
              h.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="fc2")]
     graph = h.make_graph(nodes, "reg", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],

@@ -12,6 +12,7 @@ import qtool
 from qtool.errors import QtoolError
 from qtool.api import simulate
 from qtool.simulate.config import SimulateConfig
+from qtool.config import QuantConfig
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def test_accuracies_equal_a_direct_onnxruntime_computation(report_q8, q8, eval_d
     q = ort_outputs(q8, x)
     assert report_q8["float"]["accuracy"] == np.mean(np.argmax(f, axis=1) == y)
     assert report_q8["float"]["correct"] == int(np.sum(np.argmax(f, axis=1) == y))
-    (m) = report_q8["models"]
+    (m,) = report_q8["models"]
     assert m["accuracy"] == np.mean(np.argmax(q, axis=1) == y)
     assert m["agreement"] == np.mean(np.argmax(q, axis=1) == np.argmax(f, axis=1))
     f64, q64 = f.astype(np.float64), q.astype(np.float64)
@@ -38,10 +39,10 @@ def test_accuracies_equal_a_direct_onnxruntime_computation(report_q8, q8, eval_d
 
 
 def test_every_quantizer_of_the_sample_is_compared_with_its_float_tensor(report_q8):
-    (m) = report_q8["models"]
+    (m,) = report_q8["models"]
     assert m["unmatched_activations"] == []
     by_quantizer = {a["quantizer"]: a for a in m["activations"]}
-    assert len(by_quantizer) == 9  # 7 activations + 2 propagated input quantizers
+    assert len(by_quantizer) == 10  # TF's 7, the pooled tensor, 2 carried (MaxPool, Flatten)
     # the folded layer's output holds the batch norm's value: it is compared with the float BN output
     assert by_quantizer["Conv_3/conv_quant"]["float_tensor"] == "/block/bn_pw/BatchNormalization_output_0"
     assert by_quantizer["Gemm_0/act_quant"]["float_tensor"] == "logits"
@@ -56,7 +57,7 @@ def test_every_quantizer_of_the_sample_is_compared_with_its_float_tensor(report_
 def test_sqnr_of_a_tensor_with_itself_is_infinite(tmp_path):
     # the float model compared with itself: every output value identical
     res = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[MODEL]))
-    (m) = res.report["models"]
+    (m,) = res.report["models"]
     assert m["output"]["sqnr_db"] == math.inf
     assert m["output"]["max_abs_error"] == 0.0 and m["output"]["cosine"] == 1.0
     assert m["agreement"] == 1.0 and m["accuracy"] == res.report["float"]["accuracy"]
@@ -69,13 +70,13 @@ def test_sqnr_of_a_tensor_with_itself_is_infinite(tmp_path):
 def test_sixteen_bits_give_higher_sqnr_everywhere_than_eight():
     # in-memory quantized models (onnx_ir) through the same path as files
     w8a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB).model
-    w8a16 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, activation_bits=16).model
-    w16a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, weight_bits=16).model
+    w8a16 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(activation_bits=16)).model
+    w16a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(weight_bits=16)).model
     rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[w8a8, w8a16, w16a8])).report
     m8, a16, w16 = rep["models"]
     acts8 = {a["quantizer"]: a["sqnr_db"] for a in m8["activations"]}
     acts16 = {a["quantizer"]: a["sqnr_db"] for a in a16["activations"]}
-    assert acts8.keys() == acts16.keys() and len(acts8) == 9
+    assert acts8.keys() == acts16.keys() and len(acts8) == 10
     for name in acts8:
         assert acts16[name] > acts8[name], name
     weights8 = {(w["layer"], w["role"]): w["sqnr_db"] for w in m8["weights"] if w["role"] == "weight"}
@@ -89,7 +90,7 @@ def test_sixteen_bits_give_higher_sqnr_everywhere_than_eight():
 
 def test_sensitivity_ranks_the_damaged_layer_first(q_damaged):
     rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[q_damaged], sensitivity=True)).report
-    (m) = rep["models"]
+    (m,) = rep["models"]
     sens = m["sensitivity"]
     assert [s["layer"] for s in sens][0] == DAMAGED_LAYER
     assert {s["layer"] for s in sens} == {"Conv_0", "Conv_1", "Conv_2", "Conv_3", "Gemm_0"}
@@ -174,16 +175,16 @@ def test_bad_bit_widths():
 
 
 def test_what_if_table_calibrates_once_and_equals_separate_rewrites(monkeypatch):
-    from qtool.simulate import whatif
+    from qtool import calibrate
 
     calls = []
-    real = whatif.collect_ranges
-    monkeypatch.setattr(whatif, "collect_ranges", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = calibrate.collect_ranges
+    monkeypatch.setattr(calibrate, "collect_ranges", lambda *a, **k: calls.append(1) or real(*a, **k))
     rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", weight_bits="4,8", activation_bits="8,16", calibration_data=CALIB)).report
     assert len(calls) == 1  # one pass over the calibration data for the four models
     assert rep["calibration"]["runs"] == 1 and rep["calibration"]["samples"] == 100
     # each model is the one rewrite_eval makes with its own calibration (min/max ranges do not depend on bits)
-    separate = [qtool.rewrite_eval(MODEL, calibration_data=CALIB, weight_bits=wb, activation_bits=ab).model
+    separate = [qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(weight_bits=wb, activation_bits=ab)).model
                 for wb, ab in ((4, 8), (4, 16), (8, 8), (8, 16))]
     ref = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=separate)).report
     assert [m["name"] for m in rep["models"]] == ["W4A8", "W4A16", "W8A8", "W8A16"]
