@@ -112,11 +112,9 @@ def calibrate_to_file(model, data, output, *, method: str = "minmax", batch_size
                           quantization=quantization, samples=result.num_samples, batches=result.num_batches,
                           batch_size=batch_size)
     save_ranges(out, doc)
-    missing = [name for name, r in result.ranges.items() if r is None]
-    warnings = []
-    if missing:
-        warnings.append(f"{len(missing)} tensor(s) saw no finite value and have no range (rewrite-eval gives them "
-                        "the default range): " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    from qtool.calibrate.observers import data_warnings
+
+    warnings = data_warnings(result.ranges, result.observers)
     if result.ignored_arrays:
         warnings.append(f"ignored array(s) not named like a model input: {', '.join(result.ignored_arrays)}")
     return {"model": label, "output": out, "method": method, "options": result.options, "tensors": len(result.ranges),
