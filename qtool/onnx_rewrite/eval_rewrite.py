@@ -293,7 +293,11 @@ def _summary(label, output, in_place, config, opset_in, opset_out, ir_in, ir_out
             "no calibration data: activation ranges are TensorFlow's defaults ((-6, 6), and (0, 6) "
             "after Relu/Clip); the model needs calibration (--calibration-data) to be accurate"
         )
-    if ranges is not None:
+    if calibration is not None:  # what is wrong with the data, by tensor (qtool.calibrate.observers)
+        from qtool.calibrate.observers import data_warnings
+
+        warnings.extend(data_warnings(calibration.ranges, calibration.observers))
+    elif ranges is not None:
         missing = [name for name, r in ranges.items() if r is None]
         if missing:
             warnings.append(

@@ -354,11 +354,10 @@ def _summary(label, output, in_place, options, opset_in, opset_out, ir_in, ir_ou
             "no calibration data: activation ranges start at TensorFlow's defaults ((-6, 6), and (0, 6) after "
             "Relu/Clip) and move by the EMA (decay 0.999) during training"
         )
-    if calibration is not None:
-        missing = [a["tensor"] for a in encoding.activations if a["range_source"] == "default"]
-        if missing:
-            warnings.append(f"{len(missing)} tensor(s) saw no finite value during calibration and start at "
-                            "the default range: " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    if calibration is not None:  # what is wrong with the data, by tensor (qtool.calibrate.observers)
+        from qtool.calibrate.observers import data_warnings
+
+        warnings.extend(data_warnings(calibration.ranges, calibration.observers))
         if data is not None and data.ignored:
             notes.append(f"calibration data: ignored array(s) not named like a model input: {', '.join(data.ignored)}")
     if opset_in != opset_out:

@@ -209,3 +209,13 @@ def test_tensors_without_any_finite_value_say_which_values_they_saw(tmp_path, mo
         in summary["warnings"]
     assert any(w.startswith("tensor 'r': all 40 values are ") and "no range" in w for w in summary["warnings"])
     assert json.loads((tmp_path / "r.json").read_text())["tensors"]["x"] is None
+
+
+def test_rewrites_give_the_same_warnings_about_the_data():
+    import qtool
+
+    data = feeds(32)
+    data["x"][5, 1] = -np.inf
+    want = "tensor 'x': 1 of 128 values is -inf (first in batch 1); the range ignores non-finite values"
+    assert want in qtool.rewrite_eval(two_input_model(), calibration_data=data).warnings
+    assert want in qtool.rewrite_train(two_input_model(), calibration_data=data).summary["warnings"]
