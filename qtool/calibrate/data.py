@@ -101,11 +101,9 @@ class StoredArray:
                         yield np.ascontiguousarray(array[start : start + size])
                     return
                 _read_header(stream, self._describe())
-                row_items = int(np.prod(self.shape[1:], dtype=np.int64))
                 for start in range(0, self.shape[0], size):
-                    count = min(size, self.shape[0] - start)
-                    block = np.empty((count, *self.shape[1:]), self.dtype)
-                    _read_into(stream, block.reshape(-1).view(np.uint8) if row_items else block, self._describe())
+                    block = np.empty((min(size, self.shape[0] - start), *self.shape[1:]), self.dtype)
+                    _read_into(stream, block.reshape(-1).view(np.uint8), self._describe())
                     yield block
             except QtoolError:
                 raise
@@ -150,7 +148,8 @@ def _read_header(stream, describe: str):
 
 
 def _read_into(stream, buffer: np.ndarray, describe: str) -> None:
-    view = memoryview(buffer).cast("B")
+    """Fill ``buffer`` (uint8) from ``stream``; a file that ends first is an error."""
+    view = memoryview(buffer)
     done = 0
     while done < len(view):
         got = stream.readinto(view[done:])
