@@ -72,8 +72,13 @@ class StoredArray:
 
     def __init__(self, path: str, member: str | None, label: str) -> None:
         self.path, self.member, self.label = path, member, label
-        with self._open() as stream:
-            self.shape, self.fortran_order, self.dtype, self.whole = _read_header(stream, self._describe())
+        try:
+            with self._open() as stream:
+                self.shape, self.fortran_order, self.dtype, self.whole = _read_header(stream, self._describe())
+        except QtoolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds on bad members
+            raise QtoolError(f"{self._describe()}: {exc}") from exc
         self.ndim = len(self.shape)
 
     def _describe(self) -> str:
@@ -116,9 +121,6 @@ class _Closing:
 
     def __init__(self, stream, archive) -> None:
         self.stream, self.archive = stream, archive
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
 
     def __enter__(self):
         return self.stream

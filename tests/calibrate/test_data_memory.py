@@ -130,6 +130,12 @@ def test_broken_needed_arrays_are_clear_errors(tmp_path):
         z.writestr("x.npy", b"not an array")
     with pytest.raises(QtoolError, match="array 'x' of .*not a valid .npy array"):
         load_calibration_data(str(tmp_path / "junk.npz"), SPEC)
+    np.savez(tmp_path / "ok.npz", x=np.zeros((2, 3, 4), np.float32))
+    raw = bytearray((tmp_path / "ok.npz").read_bytes())
+    raw[:4] = b"PK\x03\x05"  # the member's local header is damaged; the directory at the end is intact
+    (tmp_path / "damaged.npz").write_bytes(bytes(raw))
+    with pytest.raises(QtoolError, match="array 'x' of .*damaged.npz'"):
+        load_calibration_data(str(tmp_path / "damaged.npz"), SPEC)
 
 
 # --- the runner's memory -------------------------------------------------------------------
