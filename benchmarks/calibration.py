@@ -130,7 +130,7 @@ def memory(args, work: str, model: str, data: np.ndarray) -> None:
         elif estimate is not None and estimate > args.ort_limit_gb * 1024:
             ort[n] = None
             print(f"  onnxruntime at {n} samples skipped: about {estimate / 1024:.1f} GB expected "
-                  f"(it keeps every batch's outputs; limit {args.ort_limit_gb} GB)", flush=True)
+                  f"(a straight line through its smaller counts; limit {args.ort_limit_gb} GB)", flush=True)
         else:
             ort[n] = measure([sys.executable, ort_script, model, calib[n], ort_method, work, str(batch)])["rss_kib"] / 1024
         print("  " + f"{n:4} samples: " + " | ".join(
