@@ -106,7 +106,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
     clock.lap("encode")
-    warnings, notes = eval_messages(prepared, encoding, found, list(data.ignored) if data is not None else [])
+    warnings, notes = eval_messages(prepared, encoding, found, observed,
+                                    list(data.ignored) if data is not None else [])
     files = _save(opened)
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
