@@ -120,13 +120,19 @@ class EvalEncoder:
             self.graph.extend(nodes)
 
     def insert_qdq(self, value: ir.Value, base: str, scale: ir.Value, zero_point: ir.Value, store: Storage) -> ir.Node:
-        """Q -> [Clip] -> DQ on ``value`` (the codec's nodes); every reader of ``value`` reads the DQ output."""
+        """Q -> [Clip] -> DQ on ``value`` (the codec's nodes); every reader of ``value`` reads the DQ output,
+        except those that read only its shape: they read the integers (same shape), so no DequantizeLinear
+        is computed for a Shape and the producer keeps the QuantizeLinear as its only reader (fusion)."""
         uses = list(value.uses())
+        shape_readers = [(n, i) for n, i in uses if n.domain == "" and n.op_type in ("Shape", "Size")]
+        uses = [u for u in uses if u not in shape_readers]
         was_output = [i for i, out in enumerate(self.graph.outputs) if out is value]
         nodes, out = qdq_nodes(value, base, scale, zero_point, store, self.initializer)
         self._insert_after(value, nodes)
         for node, index in uses:
             node.replace_input_with(index, out)
+        for node, index in shape_readers:
+            node.replace_input_with(index, nodes[0].outputs[0])
         if was_output:
             name = value.name
             value.name = self.names.value(f"{name}/float")
@@ -151,7 +157,7 @@ class EvalEncoder:
                 self.result.left_in_float.append(LeftInFloat(n.name, n.op_type, "weights not quantized: the weight has inf or NaN values"))
             return
         cfg = self.config
-        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.symmetric, axis=point.axis)
+        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.weights_symmetric, axis=point.axis)
         base = self.names.prefix(point.name, ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
         q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
         scale = self.initializer(f"{base}/scale", params.scale)

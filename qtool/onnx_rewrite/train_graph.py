@@ -102,9 +102,9 @@ class TrainEncoder:
         self.range_readers: set[int] = set()  # the batch min/max nodes: they read the float tensors
 
     # --- pieces ------------------------------------------------------------------------------
-    def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str):
+    def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str, symmetric: bool):
         ops = self.ops
-        if self.config.symmetric:
+        if symmetric:
             r = ops.const(f"{base}/min_max_ratio", symmetric_ratio(bits, narrow))
             new_lo = ops.op("Min", [lo, ops.op("Div", [hi, r], f"{base}/max_over_ratio")], f"{base}/range_min")
             new_hi = ops.op("Max", [hi, ops.op("Mul", [lo, r], f"{base}/min_times_ratio")], f"{base}/range_max")
@@ -133,7 +133,7 @@ class TrainEncoder:
             keep = True
         lo = ops.reduce("ReduceMin", weight, axes, keep, f"{base}/BatchMin")
         hi = ops.reduce("ReduceMax", weight, axes, keep, f"{base}/BatchMax")
-        lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base)
+        lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base, cfg.weights_symmetric)
         q = self._fake_quant(weight, lo, hi, cfg.weight_bits, True, base)
         for layer in point.layers:
             for i, v in enumerate(layer.inputs):
@@ -195,7 +195,7 @@ class TrainEncoder:
         batch_lo = lows[0] if len(lows) == 1 else ops.op("Min", lows, f"{base}/GroupMin")
         batch_hi = highs[0] if len(highs) == 1 else ops.op("Max", highs, f"{base}/GroupMax")
         self.range_readers.update(id(v.producer()) for v in lows + highs)
-        range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base)
+        range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base, cfg.symmetric)
         decay = ops.const(f"{base}/decay", np.float32(1.0 - EMA_DECAY))
         new_min = ops.op("Sub", [min_state, ops.op("Mul", [ops.op("Sub", [min_state, range_lo], f"{base}/AssignMinEma/delta"), decay],
                                                    f"{base}/AssignMinEma/update_delta")], f"{base}/AssignMinEma")

@@ -102,6 +102,8 @@ class LayerInputs(PlacementRule):
             ctx.add_activation(root, "input_quant", context_of(node.name or node.op_type),
                                f"input of {node.op_type} '{node.name}'", producer,
                                after_activation=producer is not None and producer.op_type in ("Relu", "Clip"))
+        if len(indices) == 2 and all(ctx.is_quantized(ctx.view.input(node, i)) for i in indices):
+            ctx.forget_left(node)  # a MatMul of two activations: integer (MatMulIntegerToFloat, QLinearMatMul)
 
 
 def _two_activations(ctx: PlanContext, node: ir.Node) -> bool:
@@ -158,14 +160,14 @@ class IntegerOps(PlacementRule):
     def _arithmetic(ctx, node):
         variable = _variable_inputs(ctx, node)
         out = node.outputs[0]
-        if not variable or ctx.point(out) is not None or _feeds_softmax(ctx, out):
-            return
+        if len(variable) < 2 or ctx.point(out) is not None or _feeds_softmax(ctx, out):
+            return  # with a float constant operand onnxruntime has no integer kernel (QLinearAdd/Mul need two)
         consumers = ctx.view.consumers(out)
         if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ("Relu", "Clip"):
             return  # onnxruntime fuses the activation into QLinearAdd/QLinearMul: its output is the quantized one
         if all(ctx.is_quantized(v) for v in variable):
             ctx.add_activation(out, f"activation_{node.op_type}_quant", node.name or node.op_type,
-                               f"{node.op_type} of quantized inputs", node)
+                               f"{node.op_type} of two quantized tensors (QLinear{node.op_type})", node)
 
     @staticmethod
     def _concat(ctx, node):

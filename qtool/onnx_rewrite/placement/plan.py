@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig
 from qtool.model.graph import GraphView
+from qtool.model.opset import inferred_types
 from qtool.onnx_rewrite.matcher import Match
 from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
 
@@ -198,11 +199,25 @@ class PlanContext:
         self._points: dict[int, ActivationPoint] = {}
         self._left: dict[str, LeftInFloat] = {}
         self.handled: set[int] = set()  # nodes some rule looked at
+        self._types: dict | None = None  # inferred element types, computed when first needed
 
     def left(self, node: ir.Node, reason: str) -> None:
         key = node.name or str(id(node))
         if key not in self._left:
             self._left[key] = LeftInFloat(node.name, node.op_type, reason)
+
+    def forget_left(self, node: ir.Node) -> None:
+        """A later rule made ``node`` run in integers after all: it is not left in float."""
+        self._left.pop(node.name or str(id(node)), None)
+
+    def is_float(self, value: ir.Value) -> bool:
+        """A float32 tensor (typed in the model, or by shape inference; unknown counts as float)."""
+        dtype = value.dtype
+        if dtype is None:
+            if self._types is None:
+                self._types = inferred_types(self.graph)
+            dtype = self._types.get(value.name)
+        return dtype is None or dtype == ir.DataType.FLOAT
 
     def exists(self, value: ir.Value) -> bool:
         return self.view.quantizer_after(value) is not None
@@ -218,6 +233,8 @@ class PlanContext:
         ``source``, ``fixed_range``, ``group``: where its range comes from (:class:`ActivationPoint`)."""
         if id(value) in self._points:
             return self._points[id(value)]
+        if not self.is_float(value):
+            return None  # shapes, indices, masks: not activations
         if producer is not None:
             reason = self.config.out_of_scope(producer)
             if reason is not None:
