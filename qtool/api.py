@@ -86,7 +86,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened = open_model(model, output, in_place)
     _check_float(opened)
     clock.lap("load")
-    given = cal.load_ranges(ranges) if ranges is not None else None
+    given = cal.read_ranges(ranges) if ranges is not None else None
     prepared = prepare_eval(opened.model, quant, opened.label)
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
@@ -98,7 +98,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         found = observed.ranges
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
-        found = cal.select(given, tensors, label)
+        found = cal.select(_given_ranges(given, prepared), tensors, label)
         ranges_from = os.fspath(ranges) if isinstance(ranges, (str, os.PathLike)) else "<ranges>"
     else:
         found = prepared.trained_ranges()
@@ -112,6 +112,31 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
                          clock.laps)
+
+
+def _given_ranges(given: cal.GivenRanges, prepared) -> dict:
+    """The given ranges, checked against the rewrite: made for other options, or for tensors the
+    batch-norm fold changes, they are refused or converted, never used silently."""
+    recorded = given.quantization.get("symmetric")
+    if recorded is not None and bool(recorded) != prepared.config.symmetric:
+        raise QtoolError(f"{given.label} was calibrated for {'symmetric' if recorded else 'asymmetric'} activations "
+                         f"and --{'no-' if recorded else ''}symmetric is asked for: the histogram methods choose "
+                         "other ranges for each; calibrate again with the same options (qtool calibrate)")
+    ranges = dict(given.ranges)
+    if given.format != "onnxruntime":
+        return ranges
+    # onnxruntime calibrates the float graph: a folded layer's output there is before its batch norm; the
+    # batch norm's output is what the folded layer now computes
+    for record in prepared.folds.folded:
+        if record.output in ranges:
+            ranges[record.folded] = ranges[record.output]
+        elif record.folded in ranges:
+            raise QtoolError(
+                f"{given.label} is an onnxruntime calibration cache with a range for '{record.folded}' (before the "
+                f"batch norm '{record.batch_norm}' that qtool folds into '{record.layer}') but none for the batch "
+                f"norm's output '{record.output}': the folded layer's range is unknown. Calibrate with qtool "
+                "(qtool calibrate, or --data) instead")
+    return ranges
 
 
 def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),

@@ -98,6 +98,7 @@ class RewriteResult:
             "biases": e.biases,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
+            "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "changed": bool(p.folds.folded or e.weights or e.activations or e.propagated or e.biases
                             or p.opset_in != opset_out),
