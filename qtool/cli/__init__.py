@@ -12,6 +12,7 @@ import click
 from qtool import __version__
 from qtool.cli._common import QtoolGroup
 from qtool.cli.calibrate import calibrate_cmd
+from qtool.cli.finetune import finetune_cmd
 from qtool.cli.rewrite import rewrite_eval_cmd, rewrite_train_cmd
 from qtool.cli.simulate import simulate_cmd
 
@@ -37,3 +38,4 @@ main.add_command(rewrite_train_cmd)
 main.add_command(rewrite_eval_cmd)
 main.add_command(simulate_cmd)
 main.add_command(calibrate_cmd)
+main.add_command(finetune_cmd)

@@ -632,7 +632,7 @@ def _max_pool(ctx, node, inputs):
     x = jnp.asarray(inputs[0])
     kernel, strides, dilations, pads, extra = _pool_geometry(node, x)
     padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
-    init = jnp.array(-jnp.inf, x.dtype)
+    init = np.array(-np.inf, x.dtype)  # a concrete identity: JAX then differentiates reduce_window_max
     y = lax.reduce_window(x, init, lax.max, (1, 1) + tuple(kernel), (1, 1) + tuple(strides), padding,
                           window_dilation=(1, 1) + tuple(dilations))
     return [y]
@@ -646,7 +646,7 @@ def _avg_pool(ctx, node, inputs):
     window = (1, 1) + tuple(kernel)
     stride = (1, 1) + tuple(strides)
     wdil = (1, 1) + tuple(dilations)
-    total = lax.reduce_window(x, jnp.array(0, x.dtype), lax.add, window, stride, padding, window_dilation=wdil)
+    total = lax.reduce_window(x, np.array(0, x.dtype), lax.add, window, stride, padding, window_dilation=wdil)
     # the divisor: positions inside the input (and the explicit pads with count_include_pad)
     ones = np.ones((1, 1) + tuple(x.shape[2:]), np.float32)
     if node.attr("count_include_pad", 0):
@@ -654,7 +654,7 @@ def _avg_pool(ctx, node, inputs):
         cpad = [(0, 0), (0, 0)] + [(0, e) for e in extra]
     else:
         cpad = padding
-    counts = lax.reduce_window(jnp.asarray(ones), jnp.float32(0), lax.add, window, stride, cpad, window_dilation=wdil)
+    counts = lax.reduce_window(ones, np.float32(0), lax.add, window, stride, cpad, window_dilation=wdil)
     return [total / lax.optimization_barrier(counts.astype(x.dtype))]
 
 
