@@ -291,6 +291,18 @@ def _cross_entropy(logits, labels):
     return -jnp.mean(picked)
 
 
+def _rate_at(step, hyper):
+    """The learning rate at a global step: linear warm-up, then cosine decay to 0 at ``steps`` (or constant).
+    Everything is an argument (``hyper`` = lr, steps, warmup, cosine?), so the compiled step does not
+    depend on the schedule's numbers."""
+    lr, total, warm, cosine = hyper[0], hyper[1], hyper[2], hyper[3]
+    s = step.astype(jnp.float32)
+    warm_factor = jnp.where(warm > 0, jnp.minimum(1.0, s / jnp.maximum(warm, 1.0)), 1.0)
+    t = jnp.clip((s - warm) / jnp.maximum(total - warm, 1.0), 0.0, 1.0)
+    decay = jnp.where(cosine > 0, 0.5 * (1.0 + jnp.cos(jnp.pi * t)), 1.0)
+    return lr * warm_factor * decay
+
+
 def _sqnr_db(signal_power: float, noise_power: float) -> float:
     if noise_power == 0:
         return float("inf")
@@ -314,6 +326,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     from qtool.onnx_rewrite._io import check_output_path, load_model
 
     config = (config or FinetuneConfig()).normalized()
+    _enable_compilation_cache()
     t_start = time.perf_counter()
     notes: list[str] = []
 
@@ -401,19 +414,12 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         return interp.run({**feed, **batch, step_input: step}, fake_quant=quantized, range_grad=range_grad)
 
     # --- the optimizer --------------------------------------------------------------------------------------------------------
-    lr = config.learning_rate
-    if config.schedule == "cosine":
-        base = optax.cosine_decay_schedule(lr, max(1, config.steps - config.warmup_steps))
-    else:
-        base = optax.constant_schedule(lr)
-    if config.warmup_steps:
-        base = optax.join_schedules([optax.linear_schedule(0.0, lr, config.warmup_steps), base],
-                                    [config.warmup_steps])
+    hyper = jnp.asarray([config.learning_rate, config.steps, config.warmup_steps,
+                         1.0 if config.schedule == "cosine" else 0.0], jnp.float32)
 
-    def schedule(count):
-        return base(count + start_step)
-
-    optimizer = optax.adam(schedule)
+    # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
+    # compiles to the same program, so JAX's compilation cache serves it)
+    optimizer = optax.scale_by_adam()
     opt_state = optimizer.init(params0)
 
     def loss_fn(params, state, batch, labels, step, teacher_out):
@@ -426,16 +432,17 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
             loss = loss + _cross_entropy(student[0], labels)
         return loss, outs
 
-    def train_step(params, state, opt_state, teacher_feed, batch, labels, step):
+    def train_step(params, state, opt_state, teacher_feed, batch, labels, step, hyper):
         teacher = forward(teacher_feed, batch, jnp.int32(_TEACHER_STEP), False)
         teacher_out = [jax.lax.stop_gradient(teacher[o]) for o in data_outputs]
         (loss, outs), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, batch, labels, step,
                                                                         teacher_out)
         updates, opt_state = optimizer.update(grads, opt_state, params)
+        rate = _rate_at(step, hyper)
         new_params = {}
         for name, value in params.items():
             base_value = outs[roles.state[name]] if name in roles.state else value
-            new_params[name] = base_value + updates[name]
+            new_params[name] = base_value - rate * updates[name]
         for lo_name, hi_name in roles.ranges:
             if lo_name in new_params and hi_name in new_params:
                 lo = jnp.minimum(new_params[lo_name], 0.0)
@@ -519,7 +526,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         labels = None if train.labels is None else jnp.asarray(train.labels[idx].astype(np.int32))
         t0 = time.perf_counter()
         params, state, opt_state, loss = train_step_jit(params, state, opt_state, teacher_feed, batch, labels,
-                                                        jnp.int32(step))
+                                                        jnp.int32(step), hyper)
         loss = float(loss)
         if i == 0:
             compile_seconds = time.perf_counter() - t0
@@ -569,6 +576,24 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         seconds_per_step=per_step, peak_rss_mb=peak, loss_first=loss_first, loss_last=loss_last,
         parameters=len(params0), parameter_values=n_values, config=config.to_dict(), history=history, notes=notes,
     )
+
+
+def _enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache (XLA takes seconds to compile a training step): a second run
+    of the same graph with the same shapes starts at once. ``QTOOL_JAX_CACHE``: the folder, or 0 for none;
+    default ``$XDG_CACHE_HOME/qtool/jax`` (``~/.cache/qtool/jax``). A cache the user set up is left alone."""
+    setting = os.environ.get("QTOOL_JAX_CACHE")
+    if setting == "0" or jax.config.jax_compilation_cache_dir:
+        return
+    if not setting:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        setting = os.path.join(base, "qtool", "jax")
+    try:
+        os.makedirs(setting, exist_ok=True)
+    except OSError:
+        return
+    jax.config.update("jax_compilation_cache_dir", setting)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def _write_back(ir_model, values: Mapping[str, object], record: dict) -> None:
