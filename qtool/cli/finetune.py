@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -16,8 +17,8 @@ TRAIN_EXTRA_MESSAGE = "qtool finetune needs the train extra: pip install 'qtool[
 def _load_engine():
     """``qtool.finetune.train``; a one-line error when JAX/optax are not installed."""
     try:
-        import jax  # noqa: F401
-        import optax  # noqa: F401
+        for name in ("jax", "optax"):
+            importlib.import_module(name)
     except ImportError:
         raise QtoolError(TRAIN_EXTRA_MESSAGE) from None
     from qtool.finetune import train
@@ -33,7 +34,7 @@ def _load_engine():
 @click.option("--steps", type=click.IntRange(1), default=300, show_default=True,
               help="Length of the schedule (with --resume: the step to reach).")
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True, help="Samples per step.")
-@click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=1e-3, show_default=True,
+@click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=1e-4, show_default=True,
               help="Adam's peak learning rate.")
 @click.option("--schedule", type=click.Choice(("cosine", "constant")), default="cosine", show_default=True,
               help="Learning-rate schedule over --steps.")
@@ -51,6 +52,8 @@ def _load_engine():
 @click.option("--train-ranges/--ema-ranges", default=True, show_default=True,
               help="Train the activation ranges with the optimizer (on top of their moving average), "
               "or let them follow the moving average only.")
+@click.option("--keep-best/--keep-last", default=True, show_default=True,
+              help="Write the values of the best validation (never worse than the input), or of the last step.")
 @click.option("--validation-data", type=click.Path(dir_okay=False), default=None,
               help=".npz to validate on during training (default: the training data).")
 @click.option("--validation-labels", default=None, metavar="KEY",
@@ -64,7 +67,7 @@ def _load_engine():
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @json_option
 def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule, warmup_steps, labels, distillation,
-                 distillation_weight, temperature, train_ranges, validation_data, validation_labels, validate_every,
+                 distillation_weight, temperature, train_ranges, keep_best, validation_data, validation_labels, validate_every,
                  seed, resume, quiet, as_json):
     """Train a 'rewrite-train' graph so the quantized model recovers its accuracy (JAX).
 
@@ -83,7 +86,7 @@ def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule
     config = engine.FinetuneConfig(
         steps=steps, batch_size=batch_size, learning_rate=learning_rate, schedule=schedule,
         warmup_steps=warmup_steps, labels=labels, validation_labels=validation_labels, distillation=distillation,
-        distillation_weight=distillation_weight, temperature=temperature, train_ranges=train_ranges,
+        distillation_weight=distillation_weight, temperature=temperature, train_ranges=train_ranges, keep_best=keep_best,
         validation_data=validation_data, validate_every=validate_every, seed=seed, resume=resume,
     )
     show = not quiet and not as_json

@@ -55,7 +55,7 @@ class FinetuneConfig:
 
     steps: int = 300
     batch_size: int = 32
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-4
     schedule: str = "cosine"  # cosine decay to 0 over `steps`, or constant
     warmup_steps: int = 0
     labels: str | None = None  # array of the data (and validation) npz with class ids: adds cross-entropy
@@ -64,6 +64,7 @@ class FinetuneConfig:
     distillation_weight: float = 1.0  # with labels: weight of the distillation term (0: labels only)
     temperature: float = 1.0  # KL distillation temperature
     train_ranges: bool = True  # activation min/max trained by the optimizer (on top of their EMA)
+    keep_best: bool = True  # write the values of the best validation (the input's, if nothing beat it)
     validation_data: object = None  # a path, or a mapping of arrays; None: the training data
     validate_every: int = 0  # steps between validations (0: about ten times per run)
     seed: int = 0
@@ -103,6 +104,7 @@ class FinetuneConfig:
             distillation_weight=distill_weight,
             temperature=number(self.temperature, "temperature", strict=True),
             train_ranges=bool(self.train_ranges),
+            keep_best=bool(self.keep_best),
             validation_data=self.validation_data,
             validate_every=positive_int(self.validate_every, "validate every", 0),
             seed=positive_int(self.seed, "seed", 0),
@@ -154,6 +156,7 @@ class FinetuneResult:
     peak_rss_mb: float
     loss_first: float | None
     loss_last: float | None
+    best_step: int  # the step whose values were written (keep_best)
     parameters: int  # trainable tensors
     parameter_values: int  # their element count
     config: dict = field(default_factory=dict)
@@ -289,6 +292,10 @@ def _cross_entropy(logits, labels):
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return -jnp.mean(picked)
+
+
+def _host(tree: dict) -> dict:
+    return {k: np.array(v) for k, v in tree.items()}
 
 
 def _rate_at(step, hyper):
@@ -500,6 +507,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     state = dict(state0)
     before = metric(params, state)
     float_value = float_metric()
+    best = (before, start_step, _host(params), _host(state))
 
     # --- the loop ---------------------------------------------------------------------------------------------------------
     batch_size = min(config.batch_size, train.num)
@@ -545,10 +553,16 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         m = metric(params, state) if validate else None
         if validate:
             history.append({"step": step + 1, "loss": loss, metric_name: m})
+            if m > best[0] or not config.keep_best:
+                best = (m, step + 1, _host(params), _host(state))
         if progress is not None and (validate or done % report_every == 0 or done == 1):
             progress(FinetuneProgress(step + 1, config.steps, loss, elapsed, eta, metric_name if validate else None, m))
     loop_seconds = time.perf_counter() - t_loop
-    after = history[-1][metric_name] if history else before
+    last = history[-1][metric_name] if history else before
+    after, best_step, best_params, best_state = best
+    if config.keep_best and best_step != config.steps:
+        notes.append(f"kept the values of step {best_step} ({metric_name} {_fmt_metric(metric_name, after)}), "
+                     f"better than the last step's ({_fmt_metric(metric_name, last)})")
     per_step = (time.perf_counter() - t_after_first) / max(1, steps_run - 1) if steps_run > 1 else loop_seconds
 
     # --- write back -------------------------------------------------------------------------------------------------------
@@ -556,9 +570,10 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     if output is not None:
         from qtool.onnx_rewrite._io import save_model
 
-        _write_back(ir_model, {**params, **state}, {
+        _write_back(ir_model, {**best_params, **best_state}, {
             "version": 1,
             "step": end_step,
+            "best_step": best_step,
             "schedule": {"steps": config.steps, "learning_rate": config.learning_rate, "schedule": config.schedule,
                          "warmup_steps": config.warmup_steps},
             "seed": config.seed,
@@ -573,7 +588,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         input=label, output=output, metric_name=metric_name, metric_source=val_where,
         before=before, after=after, float_metric=float_value, start_step=start_step, end_step=end_step,
         steps_run=steps_run, seconds=time.perf_counter() - t_start, compile_seconds=compile_seconds,
-        seconds_per_step=per_step, peak_rss_mb=peak, loss_first=loss_first, loss_last=loss_last,
+        seconds_per_step=per_step, peak_rss_mb=peak, loss_first=loss_first, loss_last=loss_last, best_step=best_step,
         parameters=len(params0), parameter_values=n_values, config=config.to_dict(), history=history, notes=notes,
     )
 
