@@ -10,11 +10,15 @@ qtool's numba kernels and with onnxruntime running the training graph:
   weight) and is ``..._per_channel`` (multiplies by ``inv_scale``);
 - ``min == max == 0`` gives zeros.
 
-Two things keep XLA from changing the last bit: every divisor goes through
-``lax.optimization_barrier`` (XLA rewrites ``a / constant`` into ``a *
-(1 / constant)``, and ``qmaxf - qminf`` is a constant), and exactness checks
-run with ``XLA_FLAGS=--xla_cpu_max_isa=AVX`` (no FMA instructions, so
-``-nudged_min * inv_scale + 0.5`` is not contracted).
+``lax.optimization_barrier`` keeps XLA from changing the last bit: every
+divisor goes through one, broadcast to the dividend's shape first (XLA
+rewrites ``a / constant`` into ``a * (1 / constant)``, and ``a /
+broadcast(b)`` into ``a * broadcast(1 / b)``), and so does every product
+that an addition reads (``-nudged_min * inv_scale + 0.5``, ``shifted *
+inv_scale - quant_zero``), so LLVM cannot contract the pair into a fused
+multiply-add on CPUs that have one. The FakeQuant alone is then exact
+without capping XLA's ISA; whole graphs are checked with
+``XLA_FLAGS=--xla_cpu_max_isa=AVX`` (no FMA in the other ops either).
 
 Gradients (``kernels.md`` 1.3, TF's ``FakeQuantWithMinMaxVarsGradient``), all
 masks on the *nudged* range::
@@ -76,7 +80,7 @@ def nudge(mn, mx, num_bits: int, narrow_range: bool):
     zero_point = jnp.where(zp_from_min < qminf, qminf, zp_upper)
     nudged_min_raw = (qminf - zero_point) * scale_raw
     nudged_max_raw = (qmaxf - zero_point) * scale_raw
-    quant_zero_raw = jnp.floor(-nudged_min_raw * inv_scale_raw + half)
+    quant_zero_raw = jnp.floor(_barrier(-nudged_min_raw * inv_scale_raw) + half)  # no FMA: round, then add
     degenerate = (mn == zero) & (mx == zero)
     nudged_min = jnp.where(degenerate, zero, nudged_min_raw)
     nudged_max = jnp.where(degenerate, zero, nudged_max_raw)
@@ -93,9 +97,11 @@ def _forward(x, mn, mx, num_bits, narrow_range):
     clamped = jnp.where(clamped_hi < nudged_min, nudged_min, clamped_hi)  # std::max(., nudged_min)
     shifted = clamped - nudged_min
     if mn.ndim == 0:  # fake_quant_with_min_max_vars: divide by the scale
-        scaled = jnp.where(degenerate, shifted * inv_scale, shifted / _barrier(scale_raw))
+        # the divisor broadcast first, then hidden: XLA rewrites A / broadcast(b) into A * broadcast(1 / b)
+        divisor = _barrier(jnp.broadcast_to(scale_raw, shifted.shape))
+        scaled = jnp.where(degenerate, shifted * inv_scale, shifted / divisor)
     else:  # per_channel: multiply by inv_scale
-        scaled = shifted * inv_scale
+        scaled = _barrier(shifted * inv_scale)  # no FMA with the subtraction below
     level = jnp.floor((scaled - quant_zero) + F32(0.5))
     return level * scale, (nudged_min, nudged_max, degenerate)
 

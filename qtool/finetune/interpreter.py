@@ -247,6 +247,13 @@ for _name, _fn in [("Add", "add"), ("Sub", "subtract"), ("Mul", "multiply"), ("E
     OPS[("", _name)] = _binary(_fn)
 
 
+def _divisor(a, b):
+    """``b`` broadcast to the quotient's shape, behind a barrier: XLA rewrites ``a / constant`` and
+    ``a / broadcast(b)`` into multiplications by a reciprocal, which onnxruntime does not do."""
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    return lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(b), shape))
+
+
 @op("Div")
 def _div(ctx, node, inputs):
     a, b = inputs
@@ -259,7 +266,7 @@ def _div(ctx, node, inputs):
     if jnp.issubdtype(dtype, jnp.integer):
         a, b = jnp.broadcast_arrays(jnp.asarray(a, dtype), jnp.asarray(b, dtype))
         return [lax.div(a, b)]  # truncates toward zero, as ONNX
-    return [jnp.asarray(a) / lax.optimization_barrier(jnp.asarray(b))]
+    return [jnp.asarray(a) / _divisor(a, b)]
 
 
 @op("Pow")
@@ -296,7 +303,7 @@ def _variadic(fn_name: str):
         for v in vals[1:]:
             out = getattr(xp, fn_name)(out, v)
         if fn_name == "add" and node.op_type == "Mean":
-            out = out / lax.optimization_barrier(jnp.asarray(len(vals), out.dtype)) if xp is jnp else out / len(vals)
+            out = out / _divisor(out, jnp.asarray(len(vals), out.dtype)) if xp is jnp else out / len(vals)
         return [_result(out)]
 
     return impl
@@ -439,14 +446,17 @@ def _batch_norm(ctx, node, inputs):
     rank = x.ndim
     if not training:
         inv = jnp.sqrt(jnp.asarray(var) + eps)
-        y = (x - _channel_shape(mean, rank)) / lax.optimization_barrier(_channel_shape(inv, rank))
+        centered = x - _channel_shape(mean, rank)
+        y = centered / _divisor(centered, _channel_shape(inv, rank))
         return [y * _channel_shape(scale, rank) + _channel_shape(bias, rank)]
     axes = (0,) + tuple(range(2, rank))
     count = float(np.prod([x.shape[a] for a in axes]))
-    bmean = jnp.sum(x, axis=axes) / lax.optimization_barrier(jnp.float32(count))
+    total = jnp.sum(x, axis=axes)
+    bmean = total / _divisor(total, jnp.float32(count))
     centered = x - _channel_shape(bmean, rank)
-    bvar = jnp.sum(centered * centered, axis=axes) / lax.optimization_barrier(jnp.float32(count))
-    y = centered / lax.optimization_barrier(_channel_shape(jnp.sqrt(bvar + eps), rank))
+    sq = jnp.sum(centered * centered, axis=axes)
+    bvar = sq / _divisor(sq, jnp.float32(count))
+    y = centered / _divisor(centered, _channel_shape(jnp.sqrt(bvar + eps), rank))
     y = y * _channel_shape(scale, rank) + _channel_shape(bias, rank)
     running_mean = mean * momentum + bmean * (1 - momentum)
     running_var = var * momentum + bvar * (1 - momentum)
@@ -465,9 +475,11 @@ def _layer_norm(ctx, node, inputs):
     eps = np.float32(node.attr("epsilon", 1e-5))
     axes = tuple(range(axis, rank))
     count = jnp.float32(np.prod([x.shape[a] for a in axes]))
-    mean = jnp.sum(x, axis=axes, keepdims=True) / lax.optimization_barrier(count)
+    total = jnp.sum(x, axis=axes, keepdims=True)
+    mean = total / _divisor(total, count)
     centered = x - mean
-    var = jnp.sum(centered * centered, axis=axes, keepdims=True) / lax.optimization_barrier(count)
+    sq = jnp.sum(centered * centered, axis=axes, keepdims=True)
+    var = sq / _divisor(sq, count)
     inv_std = 1 / jnp.sqrt(var + eps)
     y = centered * inv_std * scale
     if bias is not None:
@@ -553,7 +565,7 @@ def _conv_transpose(ctx, node, inputs):
         for i in range(n):
             total = max(0, full[i] - target[i])
             small, big = total // 2, total - total // 2
-            pads.append((big, small) if auto_pad == "SAME_LOWER" else (small, big))
+            pads.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))  # ONNX: NOTSET as SAME_LOWER
     elif auto_pad == "VALID":
         pads = [(0, 0)] * n
     else:
@@ -655,7 +667,7 @@ def _avg_pool(ctx, node, inputs):
     else:
         cpad = padding
     counts = lax.reduce_window(ones, np.float32(0), lax.add, window, stride, cpad, window_dilation=wdil)
-    return [total / lax.optimization_barrier(counts.astype(x.dtype))]
+    return [total / _divisor(total, counts.astype(x.dtype))]
 
 
 @op("GlobalAveragePool")
@@ -663,7 +675,8 @@ def _global_avg(ctx, node, inputs):
     x = jnp.asarray(inputs[0])
     axes = tuple(range(2, x.ndim))
     count = float(np.prod(x.shape[2:]))
-    return [jnp.sum(x, axis=axes, keepdims=True) / lax.optimization_barrier(jnp.asarray(count, x.dtype))]
+    total = jnp.sum(x, axis=axes, keepdims=True)
+    return [total / _divisor(total, jnp.asarray(count, x.dtype))]
 
 
 @op("GlobalMaxPool")
@@ -695,7 +708,7 @@ def _reduce(kind: str):
             s = xp.sum(x, axis=ax, keepdims=keep)
             if xp is np:
                 return [_result(s / np.asarray(count, x.dtype))]
-            return [s / lax.optimization_barrier(jnp.asarray(count, x.dtype))]
+            return [s / _divisor(s, jnp.asarray(count, x.dtype))]
         fn = {"ReduceSum": xp.sum, "ReduceMax": xp.max, "ReduceMin": xp.min, "ReduceProd": xp.prod}.get(kind)
         if fn is not None:
             return [_result(fn(x, axis=ax, keepdims=keep))]
@@ -957,7 +970,7 @@ def _pad(ctx, node, inputs):
         axes = None
     else:
         pads = [int(p) for p in _static(node, inputs[1], "pads").reshape(-1)]
-        value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else 0
+        value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), x.dtype)
         if not concrete(value):
             raise QtoolError(f"node {node.label()}: a traced constant_value is not supported")
         value = np.asarray(value).reshape(-1)[0] if np.size(value) else 0
