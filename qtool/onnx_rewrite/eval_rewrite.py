@@ -65,6 +65,37 @@ def _strip_training_graph(model, label: str):
     return strip_training_graph(model, label)
 
 
+def contract_config(config, contract: dict):
+    """The options a training graph was written (and trained) with, from its contract.
+
+    An option left at its default takes the recorded value (a W3A3 training graph deploys at
+    W3A3, not at the default 8 bits); an option given with another value wins, with a warning
+    (the trained ranges and weights belong to the recorded options). Returns ``(config, warnings)``.
+    """
+    from qtool.onnx_rewrite.placement import QuantConfig
+
+    recorded = contract.get("options") or {}
+    default = QuantConfig()
+    values, warnings = {}, []
+    for key in ("weight_bits", "activation_bits", "symmetric", "per_channel", "scope", "exclude"):
+        given = getattr(config, key)
+        if key not in recorded:
+            values[key] = given
+            continue
+        want = frozenset(recorded[key] or ()) if key == "exclude" else recorded[key]
+        if given != getattr(default, key) and given != want:
+            warnings.append(f"the training graph was written with {key}={_show(want)}; deploying with "
+                            f"{key}={_show(given)} as asked, which is not what was trained")
+            values[key] = given
+        else:
+            values[key] = want
+    return QuantConfig(**values), warnings
+
+
+def _show(v):
+    return sorted(v) if isinstance(v, frozenset) else v
+
+
 class _Clock:
     """Seconds spent in each step, for the summary's ``timings``."""
 
@@ -200,6 +231,10 @@ def rewrite_eval(
         progress = None
 
     trained = _strip_training_graph(ir_model, label)
+    contract_warnings: list[str] = []
+    if trained is not None:  # the graph was trained for its recorded options: deploy those
+        config, contract_warnings = contract_config(config, trained.contract)
+        activation_bits, symmetric = config.activation_bits, config.symmetric
     opset_in = default_opset(ir_model)
     ir_in = ir_model.ir_version
 
@@ -271,6 +306,7 @@ def rewrite_eval(
         label, output, in_place, config, opset_in, opset_out, ir_in, ir_model.ir_version,
         folds, plan, encoding, calibration, data, ranges, calibration_method,
     )
+    summary["warnings"].extend(contract_warnings)
     if trained is not None and calibration is None and given_ranges is None:
         summary["ranges_from"] = "the training graph's trained state"
     if given_ranges is not None:
