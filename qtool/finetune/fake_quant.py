@@ -8,7 +8,9 @@ qtool's numba kernels and with onnxruntime running the training graph:
 - a rank-0 range is ``fake_quant_with_min_max_vars`` (divides by the scale);
 - a range of rank >= 1 broadcasts against ``x`` (``[C, 1, 1, 1]`` for a Conv
   weight) and is ``..._per_channel`` (multiplies by ``inv_scale``);
-- ``min == max == 0`` gives zeros.
+- ``min == max == 0`` gives zeros, and so does a range too small for a normal
+  float32 scale (TF's arithmetic gives NaN there; the kernels and the graph's
+  function do the same as here).
 
 ``lax.optimization_barrier`` keeps XLA from changing the last bit: every
 divisor goes through one, broadcast to the dividend's shape first (XLA
@@ -81,7 +83,8 @@ def nudge(mn, mx, num_bits: int, narrow_range: bool):
     nudged_min_raw = (qminf - zero_point) * scale_raw
     nudged_max_raw = (qmaxf - zero_point) * scale_raw
     quant_zero_raw = jnp.floor(_barrier(-nudged_min_raw * inv_scale_raw) + half)  # no FMA: round, then add
-    degenerate = (mn == zero) & (mx == zero)
+    # min == max == 0, or a scale too small to be a normal float32 (inv_scale would overflow): zeros
+    degenerate = ((mn == zero) & (mx == zero)) | (scale_raw < F32(np.finfo(np.float32).tiny))
     nudged_min = jnp.where(degenerate, zero, nudged_min_raw)
     nudged_max = jnp.where(degenerate, zero, nudged_max_raw)
     scale = jnp.where(degenerate, zero, scale_raw)
