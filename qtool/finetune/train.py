@@ -208,6 +208,7 @@ class _Data:
     labels: np.ndarray | None
     num: int
     source: str
+    fixed_batch: int | None = None  # the model's static batch size, if it has one
 
 
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
@@ -221,7 +222,11 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
     labels = None
     if labels_key is not None:
         if isinstance(source, (str, os.PathLike)):
-            with np.load(os.fspath(source), allow_pickle=False) as archive:
+            archive = np.load(os.fspath(source), allow_pickle=False)
+            if not hasattr(archive, "files"):
+                raise QtoolError(f"{what} data '{os.fspath(source)}' is a single array: labels ('{labels_key}') "
+                                 "need an .npz holding the inputs and the labels")
+            with archive:
                 labels = archive[labels_key] if labels_key in archive.files else None
         elif isinstance(source, Mapping):
             labels = np.asarray(source[labels_key]) if labels_key in source else None
@@ -233,7 +238,7 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
                                  f"entries for {data.num_samples} samples")
             if labels.dtype.kind not in "iu":
                 raise QtoolError(f"{what} labels '{labels_key}' must be integer class ids, got {labels.dtype}")
-    return _Data(dict(data.arrays), labels, data.num_samples, data.source or "<arrays>")
+    return _Data(dict(data.arrays), labels, data.num_samples, data.source or "<arrays>", data.fixed_batch)
 
 
 # --- the contract ---------------------------------------------------------------------------------------
@@ -472,7 +477,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
 
-    eval_batch = min(val.num, 256)
+    eval_batch = val.fixed_batch or min(val.num, 256)
 
     def val_batches():
         for s in range(0, val.num, eval_batch):
@@ -511,7 +516,10 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
 
     # --- the loop ---------------------------------------------------------------------------------------------------------
     batch_size = min(config.batch_size, train.num)
-    if batch_size < config.batch_size:
+    if train.fixed_batch and train.fixed_batch != config.batch_size:
+        batch_size = train.fixed_batch
+        notes.append(f"the model's inputs have a fixed batch size of {batch_size}: using it")
+    elif batch_size < config.batch_size:
         notes.append(f"batch size {config.batch_size} is more than the {train.num} samples: using {batch_size}")
     rng = np.random.default_rng([config.seed, start_step])
     order = rng.permutation(train.num)
