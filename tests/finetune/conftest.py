@@ -11,11 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-MODEL = SAMPLES / "digits_cnn.onnx"
-CALIB = SAMPLES / "calib.npz"
-EVAL = SAMPLES / "eval.npz"
+from finetune_helpers import CALIB, MODEL
 
 
 @pytest.fixture(scope="session", autouse=True)

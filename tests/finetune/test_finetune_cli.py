@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from click.testing import CliRunner
-from conftest import CALIB, EVAL
+from finetune_helpers import CALIB, EVAL
 
 from qtool.cli import main
 

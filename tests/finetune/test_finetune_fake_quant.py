@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import CALIB
+from finetune_helpers import CALIB
 
 import qtool
 from qtool.finetune.fake_quant import fake_quant

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import CALIB, EVAL
+from finetune_helpers import CALIB, EVAL, MODEL
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.errors import QtoolError
@@ -61,8 +61,6 @@ def test_training_graph_before_freeze_and_quant_delay(tmp_path):
     """Batch statistics before the freeze, the quant delay's float pass: equal to onnxruntime
     within float32 rounding (the batch mean/variance sums differ in order)."""
     from qtool.onnx_rewrite.train_rewrite import rewrite_train
-
-    from conftest import MODEL
 
     path = tmp_path / "delayed.qat.onnx"
     rewrite_train(str(MODEL), str(path), weight_bits=4, activation_bits=4, calibration_data=str(CALIB),

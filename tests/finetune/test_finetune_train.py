@@ -6,7 +6,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import CALIB, EVAL, MODEL
+from finetune_helpers import CALIB, EVAL, MODEL
 from onnx import numpy_helper
 
 from qtool.errors import QtoolError
