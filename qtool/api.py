@@ -11,6 +11,7 @@ ranges pass between them here.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from qtool import calibrate as cal
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
+from qtool.finetune.config import FinetuneConfig
 from qtool.model.codec import foreign_quantization
 from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_model, save_model, same_file
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
@@ -245,10 +247,14 @@ def _quantize_pairs(model, data: CalibrationData, pairs: list, batch_size: int, 
     return out
 
 
-def finetune(model, data, output, config=None, *, progress=None):
-    """Quantization-aware fine-tuning of a training graph (``qtool finetune``; the ``train`` extra)."""
-    try:
-        from qtool import finetune as ft  # jax: an optional heavy engine, imported when used
-    except ImportError as exc:
-        raise QtoolError("qtool finetune needs the train extra: pip install 'qtool[train]'") from exc
-    return ft.finetune(model, data, output, config, progress=progress)
+TRAIN_EXTRA_MESSAGE = "qtool finetune needs the train extra: pip install 'qtool[train]'"
+
+
+def finetune(model, data, output, config: FinetuneConfig | None = None, *, progress=None):
+    """Quantization-aware fine-tuning of a ``rewrite_train`` graph with JAX (``docs/finetune.md``):
+    the same contract written to ``output`` with the trained values. Needs the ``train`` extra."""
+    if any(importlib.util.find_spec(name) is None for name in ("jax", "jaxlib", "optax")):
+        raise QtoolError(TRAIN_EXTRA_MESSAGE)
+    from qtool.finetune import train  # jax: an optional heavy engine, imported only when used
+
+    return train.finetune(model, data, output, config, progress=progress)

@@ -117,7 +117,7 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
                   ignored_arrays: list[str]) -> tuple[list[str], list[str]]:
     """The warnings and notes of an eval rewrite (``calibration``: its result, which says what is wrong
     with the data; None when the ranges came from elsewhere)."""
-    warnings: list[str] = []
+    warnings: list[str] = list(prepared.warnings)
     notes: list[str] = []
     if prepared.plan.new_activations() and ranges is None:
         warnings.append(
