@@ -28,7 +28,7 @@ def jax_cache(tmp_path_factory):
 
 
 def _train_graph(folder: Path, name: str, bits: int) -> Path:
-    from qtool.onnx_rewrite.train_rewrite import rewrite_train
+    from qtool.api import rewrite_train
 
     out = folder / name
     rewrite_train(str(MODEL), str(out), calibration_data=str(CALIB), quant=QuantConfig(weight_bits=bits, activation_bits=bits), schedule=TrainSchedule(freeze_bn_delay=0))

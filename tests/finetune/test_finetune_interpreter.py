@@ -61,7 +61,7 @@ def test_training_graph_forward_at_8_bits(graphs):
 def test_training_graph_before_freeze_and_quant_delay(tmp_path):
     """Batch statistics before the freeze, the quant delay's float pass: equal to onnxruntime
     within float32 rounding (the batch mean/variance sums differ in order)."""
-    from qtool.onnx_rewrite.train_rewrite import rewrite_train
+    from qtool.api import rewrite_train
 
     path = tmp_path / "delayed.qat.onnx"
     rewrite_train(str(MODEL), str(path), calibration_data=str(CALIB), quant=QuantConfig(weight_bits=4, activation_bits=4), schedule=TrainSchedule(quant_delay=3, freeze_bn_delay=5))
