@@ -5,7 +5,7 @@ followed by an unfolded BatchNormalization, random weights, about 100 MB,
 opset 13, dynamic batch) and 16 calibration samples in a temporary folder,
 then times, as whole processes in the same run:
 
-- qtool:        ``qtool rewrite-eval model.onnx -o q.onnx --calibration-data calib.npz``
+- qtool:        ``qtool rewrite-eval model.onnx -o q.onnx --data calib.npz``
 - onnxruntime:  ``quant_pre_process`` then ``quantize_static`` (MinMax,
                 per-channel, QDQ, uint8 activations / int8 weights), one batch of 16
 
@@ -183,7 +183,7 @@ def main() -> None:
             f.write(_ORT_SCRIPT)
 
         qtool_cmd = [sys.executable, "-m", "qtool", "rewrite-eval", model, "-o", os.path.join(work, "q_qtool.onnx"),
-                     "--calibration-data", calib]  # default batch size (16)
+                     "--data", calib]  # default batch size (16)
         ort_cmd = [sys.executable, ort_script, model, os.path.join(work, "pre.onnx"),
                    os.path.join(work, "q_ort.onnx"), calib]
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

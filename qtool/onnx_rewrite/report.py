@@ -325,7 +325,7 @@ def format_train_summary(s: dict) -> str:
     lines = [f"qtool rewrite-train: {s['input']} -> {s['output'] or '(not written)'}"]
     if s.get("already_training_graph"):
         lines.append(f"  state tensors          {c['state_tensors']} (step input '{s['step_input']}')")
-        lines.extend(f"  note: {note}" for note in s["notes"])
+        lines.extend(f"  {note}" for note in s["notes"])  # the answer, not advice: always shown
         return "\n".join(lines)
     if s["opset"]["input"] != s["opset"]["output"]:
         lines.append(f"  opset                  {s['opset']['input']} -> {s['opset']['output']}")
