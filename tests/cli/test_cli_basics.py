@@ -115,3 +115,11 @@ def test_the_command_list_of_help_matches_each_commands_own_help():
         command = getattr(__import__(module, fromlist=[attr]), attr)
         assert command.name == name
         assert command.get_short_help_str(limit=70) == short, name
+
+
+def test_scope_that_matches_no_node_fails_with_the_closest_names(work):
+    from cli_helpers import invoke
+
+    result = invoke("rewrite-eval", work / "model.onnx", "-o", work / "s.onnx", "--scope", "Conv_9")
+    assert result.exit_code == 2 and "matches no node" in result.stderr and "closest: 'Conv_" in result.stderr
+    assert not (work / "s.onnx").exists()
