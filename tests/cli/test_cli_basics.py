@@ -123,3 +123,12 @@ def test_scope_that_matches_no_node_fails_with_the_closest_names(work):
     result = invoke("rewrite-eval", work / "model.onnx", "-o", work / "s.onnx", "--scope", "Conv_9")
     assert result.exit_code == 2 and "matches no node" in result.stderr and "closest: 'Conv_" in result.stderr
     assert not (work / "s.onnx").exists()
+
+
+def test_docs_cli_md_is_the_generated_options_table():
+    from pathlib import Path
+
+    from qtool.cli._docs import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    assert doc.read_text() == render(), "regenerate: python -m qtool.cli._docs > docs/cli.md"
