@@ -57,7 +57,7 @@ def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule
     """Train a 'rewrite-train' graph so the quantized model recovers its accuracy (JAX).
 
     \b
-      qtool rewrite-train model.onnx -o model.qat.onnx --calibration-data calib.npz --freeze-bn-delay 0
+      qtool rewrite-train model.onnx -o model.qat.onnx --data calib.npz --freeze-bn-delay 0
       qtool finetune model.qat.onnx --data train.npz -o model.tuned.onnx --steps 300
       qtool rewrite-eval model.tuned.onnx -o model.qdq.onnx
 
