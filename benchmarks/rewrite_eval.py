@@ -190,13 +190,14 @@ def main() -> None:
         measure(qtool_cmd, here)  # warm numba's cache
         runs = {"qtool": [], "onnxruntime": []}
         if args.also:
-            measure(qtool_cmd, os.path.abspath(args.also))
+            also_cmd = [a if a != "--data" else "--calibration-data" for a in qtool_cmd]  # the 0.1 spelling
+            measure(also_cmd, os.path.abspath(args.also))
             runs["qtool@also"] = []
         for _ in range(args.repeats):
             runs["qtool"].append(measure(qtool_cmd, here))
             runs["onnxruntime"].append(measure(ort_cmd))
             if args.also:
-                runs["qtool@also"].append(measure(qtool_cmd, os.path.abspath(args.also)))
+                runs["qtool@also"].append(measure(also_cmd, os.path.abspath(args.also)))
 
         def summary(name):
             walls = [r["wall"] for r in runs[name]]
