@@ -1,0 +1,263 @@
+"""Deployment benchmark: accuracy and one-thread latency of float, qtool int8 and onnxruntime int8.
+
+For each model of the zoo (``benchmarks/zoo/models``, built by ``benchmarks/zoo/make_zoo.py``),
+in one run:
+
+- **float**: the exported model as is;
+- **qtool**: ``qtool.rewrite_eval(model, out, calibration_data=<name>.calib.npz)`` (defaults:
+  8-bit, per-channel weights);
+- **ort**: onnxruntime's ``quant_pre_process`` then ``quantize_static`` (QDQ, per-channel,
+  QUInt8 activations / QInt8 weights, MinMax) over the same calibration samples.
+
+Reported per variant: the task metric on ``<name>.eval.npz``; the median one-thread latency
+of ``session.run`` at batch 1 (``time.thread_time`` of the calling thread, sessions with
+intra/inter-op threads 1, ORT_ENABLE_ALL, sequential execution; the three variants
+interleaved round-robin, ``--rounds`` rounds after ``--warmup``), with the ratio to float;
+and, from onnxruntime's optimized graph (``SessionOptions.optimized_model_filepath``), the
+Conv/ConvTranspose/MatMul/Gemm layer ops left in float, those run by integer kernels and
+the QuantizeLinear/DequantizeLinear nodes left.
+
+    python benchmarks/deploy.py [--models vit,bert] [--rounds 200] [--markdown FILE] [--json FILE]
+
+Needs no torch: the zoo is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ZOO = os.path.join(HERE, "zoo", "models")
+sys.path.insert(0, os.path.join(HERE, "zoo"))
+sys.path.insert(0, ROOT)  # this checkout's qtool
+import zoo_metrics  # noqa: E402
+
+VARIANTS = ("float", "qtool", "ort")
+# op types in onnxruntime's optimized graph (any domain: com.microsoft, com.microsoft.nchwc, ...)
+FLOAT_LAYER_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm",
+                   "Attention", "MultiHeadAttention", "NhwcFusedConv"}
+INT_LAYER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
+                 "QGemm", "DynamicQuantizeMatMul", "NhwcQLinearConv", "QLinearConvTranspose", "QAttention",
+                 "DynamicQuantizeLSTM"}
+RNN_OPS = {"LSTM", "GRU", "RNN"}
+
+
+def session_options(optimized_path: str | None = None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if optimized_path:
+        so.optimized_model_filepath = optimized_path
+    return so
+
+
+def graph_ops(path: str) -> Counter:
+    ops = Counter()
+
+    def walk(graph):
+        for node in graph.node:
+            ops[node.op_type] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+
+    walk(onnx.load(path, load_external_data=False).graph)
+    return ops
+
+
+def layer_counts(ops: Counter) -> dict:
+    return {
+        "float_layers": sum(n for op, n in ops.items() if op in FLOAT_LAYER_OPS),
+        "int_layers": sum(n for op, n in ops.items() if op in INT_LAYER_OPS),
+        "float_rnn": sum(n for op, n in ops.items() if op in RNN_OPS),
+        "qdq": ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0),
+    }
+
+
+class _Reader:
+    """CalibrationDataReader over the calib npz, batches of 16."""
+
+    def __init__(self, calib: dict[str, np.ndarray], batch: int = 16):
+        n = len(next(iter(calib.values())))
+        self._batches = iter([{k: v[i:i + batch] for k, v in calib.items()} for i in range(0, n, batch)])
+
+    def get_next(self):
+        return next(self._batches, None)
+
+
+def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static warns per LayerNorm weight (axis out of range)
+    pre = os.path.join(tmp, "ort_pre.onnx")
+    quant_pre_process(model, pre)
+    quantize_static(pre, out, _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax)
+
+
+def quantize_qtool(model: str, out: str, calib_path: str) -> str:
+    import qtool
+
+    result = qtool.rewrite_eval(model, out, calibration_data=calib_path)
+    return result.format_text() if hasattr(result, "format_text") else ""
+
+
+def run_all(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], chunk: int = 64) -> np.ndarray:
+    n = len(next(iter(feeds.values())))
+    outs = [sess.run(None, {k: v[i:i + chunk] for k, v in feeds.items()})[0] for i in range(0, n, chunk)]
+    return np.concatenate(outs)
+
+
+def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
+    meta = json.load(open(os.path.join(ZOO, f"{name}.json")))
+    model = os.path.join(ZOO, f"{name}.onnx")
+    calib_path = os.path.join(ZOO, f"{name}.calib.npz")
+    evals = np.load(os.path.join(ZOO, f"{name}.eval.npz"))
+    calib = dict(np.load(calib_path))
+    feeds = zoo_metrics.load_inputs(evals, meta)
+    one = {k: v[:1] for k, v in feeds.items()}
+    tmp = keep or tempfile.mkdtemp(prefix=f"deploy_{name}_")
+    os.makedirs(tmp, exist_ok=True)
+    paths = {"float": model, "qtool": os.path.join(tmp, f"{name}.qtool.onnx"), "ort": os.path.join(tmp, f"{name}.ort.onnx")}
+    row = {"model": name, "task": meta["task"], "metric": meta["metric"], "variants": {}}
+
+    for variant, quantize in (("qtool", lambda: quantize_qtool(model, paths["qtool"], calib_path)),
+                              ("ort", lambda: quantize_ort(model, paths["ort"], calib, tmp))):
+        t = time.perf_counter()
+        try:
+            quantize()
+            row["variants"][variant] = {"quantize_s": round(time.perf_counter() - t, 2)}
+        except Exception as e:  # a failing tool is a result, not the end of the benchmark
+            row["variants"][variant] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            paths.pop(variant)
+    row["variants"]["float"] = {}
+
+    sessions = {}
+    for variant, path in paths.items():
+        info = row["variants"][variant]
+        opt = os.path.join(tmp, f"{name}.{variant}.optimized.onnx")
+        try:
+            ort.InferenceSession(path, session_options(opt), providers=["CPUExecutionProvider"])
+            ops = graph_ops(opt)
+            info.update(layer_counts(ops))
+            info["optimized_ops"] = dict(sorted(ops.items()))
+            sess = ort.InferenceSession(path, session_options(), providers=["CPUExecutionProvider"])
+            info["metrics"] = zoo_metrics.evaluate(meta, run_all(sess, feeds), evals)
+            sessions[variant] = sess
+        except Exception as e:
+            info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+    times = {v: [] for v in sessions}
+    for r in range(warmup + rounds):
+        for variant, sess in sessions.items():
+            t = time.thread_time()
+            sess.run(None, one)
+            dt = time.thread_time() - t
+            if r >= warmup:
+                times[variant].append(dt)
+    for variant, ts in times.items():
+        row["variants"][variant]["latency_ms"] = 1000 * statistics.median(ts)
+    base = row["variants"]["float"].get("latency_ms")
+    for variant in times:
+        if base:
+            row["variants"][variant]["ratio"] = row["variants"][variant]["latency_ms"] / base
+    return row
+
+
+def fmt_table(rows: list[dict]) -> str:
+    head = ("| model | metric | float | qtool | ort | float ms | qtool ms (x float) | ort ms (x float) "
+            "| float layers left: float / qtool / ort | int layers: qtool / ort | Q+DQ left: qtool / ort |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in rows:
+        v = row["variants"]
+        met = row["metric"]
+
+        def acc(name):
+            x = v.get(name, {})
+            return "error" if "error" in x and "metrics" not in x else f"{x['metrics'][met]:.1f}"
+
+        def lat(name):
+            x = v.get(name, {})
+            if "latency_ms" not in x:
+                return "error"
+            return f"{x['latency_ms']:.2f}" + (f" ({x['ratio']:.2f}x)" if name != "float" else "")
+
+        def cnt(name, key):
+            x = v.get(name, {})
+            return str(x[key]) if key in x else "-"
+
+        fl = " / ".join(cnt(n, "float_layers") for n in VARIANTS)
+        rnn = v["float"].get("float_rnn", 0)
+        if rnn:
+            fl += f" (+{rnn} RNN float in all: " + " / ".join(cnt(n, "float_rnn") for n in VARIANTS) + ")"
+        lines.append(f"| {row['model']} | {met} | {acc('float')} | {acc('qtool')} | {acc('ort')} | {lat('float')} "
+                     f"| {lat('qtool')} | {lat('ort')} | {fl} | {cnt('qtool', 'int_layers')} / {cnt('ort', 'int_layers')} "
+                     f"| {cnt('qtool', 'qdq')} / {cnt('ort', 'qdq')} |")
+    errors = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
+    return "\n".join(lines + ([""] + errors if errors else []))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = sorted(f[:-5] for f in os.listdir(ZOO) if f.endswith(".json")) if os.path.isdir(ZOO) else []
+    ap.add_argument("--models", default=",".join(names), help="comma-separated subset (default: all)")
+    ap.add_argument("--rounds", type=int, default=200, help="timed rounds per variant (default 200)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed rounds first (default 20)")
+    ap.add_argument("--markdown", help="also write the table (and the environment) to this markdown file")
+    ap.add_argument("--json", help="also write all results (op counts included) to this JSON file")
+    ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
+    args = ap.parse_args(argv)
+    chosen = [m for m in args.models.split(",") if m]
+    unknown = [m for m in chosen if m not in names]
+    if unknown:
+        print(f"unknown model(s) {', '.join(unknown)}; the zoo has {', '.join(names)}", file=sys.stderr)
+        return 2
+    rows = []
+    t0 = time.perf_counter()
+    for name in chosen:
+        t = time.perf_counter()
+        rows.append(bench_model(name, args.rounds, args.warmup, os.path.join(args.keep, name) if args.keep else None))
+        print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+    table = fmt_table(rows)
+    print(table)
+    import platform
+
+    import qtool
+
+    env = (f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, numpy {np.__version__}, "
+           f"python {platform.python_version()}, {platform.machine()}; qtool from {os.path.dirname(qtool.__file__)}; "
+           f"{args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, median of time.thread_time; "
+           f"total {time.perf_counter() - t0:.0f}s")
+    print(env)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"{table}\n\n{env}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
