@@ -46,8 +46,10 @@ import zoo_metrics  # noqa: E402
 
 VARIANTS = ("float", "qtool", "ort")
 # op types in onnxruntime's optimized graph (any domain: com.microsoft, com.microsoft.nchwc, ...)
+# MatMulNBits (what onnxruntime makes of DequantizeLinear(int8 weight, axis 1) -> MatMul when the
+# activation input has no DequantizeLinear) keeps float activations: counted as float here.
 FLOAT_LAYER_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm",
-                   "Attention", "MultiHeadAttention", "NhwcFusedConv"}
+                   "Attention", "MultiHeadAttention", "NhwcFusedConv", "MatMulNBits"}
 INT_LAYER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
                  "QGemm", "DynamicQuantizeMatMul", "NhwcQLinearConv", "QLinearConvTranspose", "QAttention",
                  "DynamicQuantizeLSTM"}
@@ -66,12 +68,15 @@ def session_options(optimized_path: str | None = None) -> ort.SessionOptions:
     return so
 
 
-def graph_ops(path: str) -> Counter:
+def graph_ops(path: str, float_layers: list | None = None) -> Counter:
+    """Op types of a model (subgraphs included); names of float layer nodes go to ``float_layers``."""
     ops = Counter()
 
     def walk(graph):
         for node in graph.node:
             ops[node.op_type] += 1
+            if float_layers is not None and node.op_type in FLOAT_LAYER_OPS:
+                float_layers.append(node.name)
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     walk(attr.g)
@@ -87,6 +92,7 @@ def layer_counts(ops: Counter) -> dict:
         "float_layers": sum(n for op, n in ops.items() if op in FLOAT_LAYER_OPS),
         "int_layers": sum(n for op, n in ops.items() if op in INT_LAYER_OPS),
         "float_rnn": sum(n for op, n in ops.items() if op in RNN_OPS),
+        "weight_only": ops.get("MatMulNBits", 0),
         "qdq": ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0),
     }
 
@@ -159,8 +165,10 @@ def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
         opt = os.path.join(tmp, f"{name}.{variant}.optimized.onnx")
         try:
             ort.InferenceSession(path, session_options(opt), providers=["CPUExecutionProvider"])
-            ops = graph_ops(opt)
+            names = []
+            ops = graph_ops(opt, names)
             info.update(layer_counts(ops))
+            info["float_layer_nodes"] = names
             info["optimized_ops"] = dict(sorted(ops.items()))
             sess = ort.InferenceSession(path, session_options(), providers=["CPUExecutionProvider"])
             info["metrics"] = zoo_metrics.evaluate(meta, run_all(sess, feeds), evals)
@@ -205,7 +213,11 @@ def fmt_table(rows: list[dict]) -> str:
 
         def cnt(name, key):
             x = v.get(name, {})
-            return str(x[key]) if key in x else "-"
+            if key not in x:
+                return "-"
+            if key == "float_layers" and x.get("weight_only"):
+                return f"{x[key]} ({x['weight_only']} MatMulNBits)"
+            return str(x[key])
 
         fl = " / ".join(cnt(n, "float_layers") for n in VARIANTS)
         rnn = v["float"].get("float_rnn", 0)
@@ -215,7 +227,11 @@ def fmt_table(rows: list[dict]) -> str:
                      f"| {lat('qtool')} | {lat('ort')} | {fl} | {cnt('qtool', 'int_layers')} / {cnt('ort', 'int_layers')} "
                      f"| {cnt('qtool', 'qdq')} / {cnt('ort', 'qdq')} |")
     errors = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
-    return "\n".join(lines + ([""] + errors if errors else []))
+    notes = ["", "Float layers: Conv/ConvTranspose/MatMul/Gemm (and their fused forms) left in float in onnxruntime's "
+             "optimized graph; MatMulNBits (int8 weights, float activations: what onnxruntime makes of a MatMul whose "
+             "weight has a DequantizeLinear but whose input has none) counts as float. RNN: LSTM/GRU nodes, float in "
+             "every variant under QDQ."]
+    return "\n".join(lines + notes + ([""] + errors if errors else []))
 
 
 def main(argv=None) -> int:

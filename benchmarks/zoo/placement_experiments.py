@@ -30,7 +30,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-FLOAT_LAYER = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcFusedConv"}
+FLOAT_LAYER = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcFusedConv",
+               "MatMulNBits"}  # MatMulNBits: int8 weights, float activations
 INT_LAYER = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat", "QGemm",
              "DynamicQuantizeMatMul", "NhwcQLinearConv", "DynamicQuantizeLSTM"}
 rng = np.random.default_rng(0)
@@ -160,7 +161,7 @@ def quantize(model: onnx.ModelProto, ranges, tensors: set[str], *, fixed=None, p
         for t in group:
             params[t] = qparams(lo, hi)
     params.update(fixed or {})
-    new_nodes, new_inits = [], []
+    new_inits = []
     rename = {}
     for t in sorted(tensors):
         s, zp = params[t]
@@ -323,10 +324,10 @@ def conv_chain(kind, blocks=4, c=64, hw=32, opset=17):
 
 
 ACT_VARIANTS = {
-    "A: after act only (TF/qtool today)": {"act_out", "head"},
+    "A: after act only": {"act_out", "head"},
     "B: conv out + act out": {"conv_out", "act_out", "head"},
     "C: conv out + act out + act internals": {"conv_out", "act_mid", "act_out", "head"},
-    "D: conv out only": {"conv_out", "head"},
+    "D: conv out only (qtool today after a non-Relu activation)": {"conv_out", "head"},
 }
 
 
@@ -609,6 +610,42 @@ def exp_shape_ops(rounds, tmp):
     }, rounds, tmp)
 
 
+def exp_split_gather(rounds, tmp):
+    # C2f-style Split of a conv output into two halves feeding convs
+    b = Builder()
+    x = b.op("Relu", [b.conv("x", 16, 128)], "r0")
+    h1, h2 = b.op("Split", [x, b.const(np.array([64, 64], np.int64))], "half", n_out=2, axis=1)
+    y = b.op("Concat", [b.op("Relu", [b.conv(h1, 64, 64)], "r1"), b.op("Relu", [b.conv(h2, 64, 64)], "r1")], "cat", axis=1)
+    out = b.conv(y, 128, 64, role="head")
+    m = b.model({"x": ([1, 16, 32, 32], np.float32)}, out)
+    feeds = {"x": rng.normal(0, 1, (1, 16, 32, 32)).astype(np.float32)}
+    ranges = measure_ranges(m, feeds)
+    base = {"x"} | {t for t, r in b.roles.items() if r in ("r0", "head")}
+    r1 = {t for t, r in b.roles.items() if r in ("r1", "cat")}
+    halves = {t for t, r in b.roles.items() if r == "half"}
+    cat_group = [sorted(r1)]
+    run_pattern("Conv -> Relu -> Split -> 2 x Conv -> Concat -> Conv", m, feeds, {
+        "A: no pair after the Split": quantize(m, ranges, base | r1, share=cat_group),
+        "B: pairs after the Split, same parameters as its input": quantize(m, ranges, base | r1 | halves,
+                                                                          share=cat_group + [sorted(halves | {x})]),
+    }, rounds, tmp)
+    # ViT/BERT head: Gather of the CLS token (axis 1, index 0) -> MatMul
+    b = Builder()
+    y = b.matmul("x", 128, 128, bias_role="o0")
+    g = b.op("Gather", [y, b.const(np.array(0, np.int64))], "cls", axis=1)
+    out = b.matmul(g, 128, 64, role="head", bias_role="head_b")
+    m = b.model({"x": ([1, 65, 128], np.float32)}, out)
+    feeds = {"x": rng.normal(0, 1, (1, 65, 128)).astype(np.float32)}
+    ranges = measure_ranges(m, feeds)
+    base = {"x"} | {t for t, r in b.roles.items() if r in ("o0", "head_b")}
+    cls = {t for t, r in b.roles.items() if r == "cls"}
+    o0 = {t for t, r in b.roles.items() if r == "o0"}
+    run_pattern("MatMul+bias -> Gather(CLS) -> MatMul+bias", m, feeds, {
+        "A: no pair after the Gather": quantize(m, ranges, base),
+        "B: pair after the Gather, same parameters": quantize(m, ranges, base | cls, share=[sorted(cls | o0)]),
+    }, rounds, tmp)
+
+
 def exp_lstm(rounds, tmp):
     """The zoo's LSTM tagger: what quantize_static and quantize_dynamic make of an LSTM."""
     import logging
@@ -617,7 +654,7 @@ def exp_lstm(rounds, tmp):
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     logging.getLogger().setLevel(logging.ERROR)
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
+    here = os.environ.get("LSTM_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
     path = os.path.join(here, "lstm.onnx")
     calib = dict(np.load(os.path.join(here, "lstm.calib.npz")))
     feeds = {"features": calib["features"][:1]}
@@ -659,6 +696,7 @@ EXPERIMENTS = {
     "gap": lambda r, t: (exp_gap(r, t), exp_gap(r, t, "ReduceMean")),
     "residual": exp_residual,
     "shape_ops": exp_shape_ops,
+    "split_gather": exp_split_gather,
     "lstm": exp_lstm,
 }
 
