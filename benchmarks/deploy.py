@@ -116,10 +116,21 @@ def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -
 
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static warns per LayerNorm weight (axis out of range)
     pre = os.path.join(tmp, "ort_pre.onnx")
-    quant_pre_process(model, pre)
+    # quant_pre_process's symbolic shape inference fails on some exports (TorchScript's Resize with
+    # scales in the U-Net and the YOLO neck): then without it, then on the model as exported, as a user would
+    how = "quant_pre_process"
+    try:
+        quant_pre_process(model, pre)
+    except Exception:
+        try:
+            quant_pre_process(model, pre, skip_symbolic_shape=True)
+            how = "quant_pre_process(skip_symbolic_shape=True)"
+        except Exception:
+            pre, how = model, "no pre-processing (quant_pre_process failed)"
     quantize_static(pre, out, _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
+    return how
 
 
 def quantize_qtool(model: str, out: str, calib_path: str) -> str:
@@ -152,8 +163,10 @@ def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
                               ("ort", lambda: quantize_ort(model, paths["ort"], calib, tmp))):
         t = time.perf_counter()
         try:
-            quantize()
+            note = quantize()
             row["variants"][variant] = {"quantize_s": round(time.perf_counter() - t, 2)}
+            if variant == "ort":
+                row["variants"][variant]["preprocess"] = note
         except Exception as e:  # a failing tool is a result, not the end of the benchmark
             row["variants"][variant] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             paths.pop(variant)
@@ -227,6 +240,8 @@ def fmt_table(rows: list[dict]) -> str:
                      f"| {lat('qtool')} | {lat('ort')} | {fl} | {cnt('qtool', 'int_layers')} / {cnt('ort', 'int_layers')} "
                      f"| {cnt('qtool', 'qdq')} / {cnt('ort', 'qdq')} |")
     errors = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
+    errors += [f"- {row['model']} ort: {row['variants']['ort']['preprocess']}" for row in rows
+               if row["variants"].get("ort", {}).get("preprocess", "quant_pre_process") != "quant_pre_process"]
     notes = ["", "Float layers: Conv/ConvTranspose/MatMul/Gemm (and their fused forms) left in float in onnxruntime's "
              "optimized graph; MatMulNBits (int8 weights, float activations: what onnxruntime makes of a MatMul whose "
              "weight has a DequantizeLinear but whose input has none) counts as float. RNN: LSTM/GRU nodes, float in "
@@ -236,7 +251,12 @@ def fmt_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = sorted(f[:-5] for f in os.listdir(ZOO) if f.endswith(".json")) if os.path.isdir(ZOO) else []
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--zoo", default=ZOO)
+    zoo = pre.parse_known_args(argv)[0].zoo
+    globals()["ZOO"] = zoo
+    names = sorted(f[:-5] for f in os.listdir(zoo) if f.endswith(".json")) if os.path.isdir(zoo) else []
+    ap.add_argument("--zoo", default=ZOO, help="folder of <name>.onnx/.json/.calib.npz/.eval.npz (default: the committed zoo)")
     ap.add_argument("--models", default=",".join(names), help="comma-separated subset (default: all)")
     ap.add_argument("--rounds", type=int, default=200, help="timed rounds per variant (default 200)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed rounds first (default 20)")

@@ -62,7 +62,8 @@ SEED = 1234
 SHAPES = ("circle", "square", "triangle", "cross")
 
 
-def shape_mask(kind: str, cx: float, cy: float, r: float, theta: float, size: int = IMG) -> np.ndarray:
+def shape_mask(kind: str, cx: float, cy: float, r: float, theta: float, size: int | None = None) -> np.ndarray:
+    size = size or IMG
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
     dx, dy = xx - cx, yy - cy
     c, s = math.cos(theta), math.sin(theta)
@@ -469,9 +470,9 @@ def to_float(x):
 
 SPECS = {
     # name: (model, task, data maker, lr, batch)
-    "vit": dict(model=ViT, task="classification", data="shapes", lr=5e-4, batch=32, seconds=2.0),
+    "vit": dict(model=ViT, task="classification", data="shapes", lr=5e-4, batch=32, seconds=1.5),
     "bert": dict(model=Bert, task="classification", data="tokens", lr=1e-3, batch=64),
-    "mobilenetv3": dict(model=MobileNetV3Small, task="classification", data="shapes", lr=3e-3, batch=32),
+    "mobilenetv3": dict(model=MobileNetV3Small, task="classification", data="shapes", lr=3e-3, batch=32, seconds=2.5),
     "efficientnet": dict(model=EfficientNetB0, task="classification", data="shapes", lr=3e-3, batch=32),
     "unet": dict(model=UNet, task="segmentation", data="segmentation", lr=3e-3, batch=32),
     "yolo": dict(model=Yolo, task="detection", data="detection", lr=3e-3, batch=32),
@@ -640,8 +641,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=120.0, help="training budget per model, CPU seconds")
     ap.add_argument("--train-samples", type=int, default=4000)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine slows 2 threads 10x)")
+    ap.add_argument("--out", default=OUT, help="output folder (default: the committed zoo, benchmarks/zoo/models)")
+    ap.add_argument("--image-size", type=int, default=IMG,
+                    help="image side in pixels (default 64; larger sizes are for latency studies, e.g. --seconds 1)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    globals()["OUT"] = args.out
+    globals()["IMG"] = args.image_size
     for name in args.models.split(","):
         if name not in SPECS:
             sys.exit(f"unknown model {name!r}; choose from {', '.join(SPECS)}")
