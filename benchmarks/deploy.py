@@ -108,11 +108,12 @@ class _Reader:
         return next(self._batches, None)
 
 
-def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -> None:
+def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -> str:
+    """onnxruntime's static QDQ quantization; returns how the model was pre-processed."""
+    import logging
+
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    import logging
 
     logging.getLogger().setLevel(logging.ERROR)  # quantize_static warns per LayerNorm weight (axis out of range)
     pre = os.path.join(tmp, "ort_pre.onnx")
@@ -134,10 +135,10 @@ def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -
 
 
 def quantize_qtool(model: str, out: str, calib_path: str) -> str:
+    """qtool's deployable int8 model; returns its summary text."""
     import qtool
 
-    result = qtool.rewrite_eval(model, out, calibration_data=calib_path)
-    return result.format_text() if hasattr(result, "format_text") else ""
+    return qtool.rewrite_eval(model, out, calibration_data=calib_path).format_text()
 
 
 def run_all(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], chunk: int = 64) -> np.ndarray:
@@ -146,7 +147,7 @@ def run_all(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], chunk: int
     return np.concatenate(outs)
 
 
-def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
+def bench_model(name: str, rounds: int, warmup: int, tmp: str) -> dict:
     meta = json.load(open(os.path.join(ZOO, f"{name}.json")))
     model = os.path.join(ZOO, f"{name}.onnx")
     calib_path = os.path.join(ZOO, f"{name}.calib.npz")
@@ -154,7 +155,6 @@ def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
     calib = dict(np.load(calib_path))
     feeds = zoo_metrics.load_inputs(evals, meta)
     one = {k: v[:1] for k, v in feeds.items()}
-    tmp = keep or tempfile.mkdtemp(prefix=f"deploy_{name}_")
     os.makedirs(tmp, exist_ok=True)
     paths = {"float": model, "qtool": os.path.join(tmp, f"{name}.qtool.onnx"), "ort": os.path.join(tmp, f"{name}.ort.onnx")}
     row = {"model": name, "task": meta["task"], "metric": meta["metric"], "variants": {}}
@@ -165,8 +165,7 @@ def bench_model(name: str, rounds: int, warmup: int, keep: str | None) -> dict:
         try:
             note = quantize()
             row["variants"][variant] = {"quantize_s": round(time.perf_counter() - t, 2)}
-            if variant == "ort":
-                row["variants"][variant]["preprocess"] = note
+            row["variants"][variant]["preprocess" if variant == "ort" else "summary"] = note
         except Exception as e:  # a failing tool is a result, not the end of the benchmark
             row["variants"][variant] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             paths.pop(variant)
@@ -271,10 +270,11 @@ def main(argv=None) -> int:
         return 2
     rows = []
     t0 = time.perf_counter()
-    for name in chosen:
-        t = time.perf_counter()
-        rows.append(bench_model(name, args.rounds, args.warmup, os.path.join(args.keep, name) if args.keep else None))
-        print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="deploy_") as scratch:
+        for name in chosen:
+            t = time.perf_counter()
+            rows.append(bench_model(name, args.rounds, args.warmup, os.path.join(args.keep or scratch, name)))
+            print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
     table = fmt_table(rows)
     print(table)
     import platform

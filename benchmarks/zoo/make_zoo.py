@@ -470,7 +470,7 @@ def to_float(x):
 
 SPECS = {
     # name: (model, task, data maker, lr, batch)
-    "vit": dict(model=ViT, task="classification", data="shapes", lr=5e-4, batch=32, seconds=1.5),
+    "vit": dict(model=ViT, task="classification", data="shapes", lr=5e-4, batch=32, seconds=3.0),
     "bert": dict(model=Bert, task="classification", data="tokens", lr=1e-3, batch=64),
     "mobilenetv3": dict(model=MobileNetV3Small, task="classification", data="shapes", lr=3e-3, batch=32, seconds=2.5),
     "efficientnet": dict(model=EfficientNetB0, task="classification", data="shapes", lr=3e-3, batch=32),
