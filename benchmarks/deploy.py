@@ -25,6 +25,7 @@ Needs no torch: the zoo is committed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -119,15 +120,18 @@ def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -
     pre = os.path.join(tmp, "ort_pre.onnx")
     # quant_pre_process's symbolic shape inference fails on some exports (TorchScript's Resize with
     # scales in the U-Net and the YOLO neck): then without it, then on the model as exported, as a user would
+    # (a failing symbolic shape inference leaves a <uuid>.data file in the current folder: run in tmp)
     how = "quant_pre_process"
-    try:
-        quant_pre_process(model, pre)
-    except Exception:
+    model = os.path.abspath(model)
+    with contextlib.chdir(tmp):
         try:
-            quant_pre_process(model, pre, skip_symbolic_shape=True)
-            how = "quant_pre_process(skip_symbolic_shape=True)"
+            quant_pre_process(model, pre)
         except Exception:
-            pre, how = model, "no pre-processing (quant_pre_process failed)"
+            try:
+                quant_pre_process(model, pre, skip_symbolic_shape=True)
+                how = "quant_pre_process(skip_symbolic_shape=True)"
+            except Exception:
+                pre, how = model, "no pre-processing (quant_pre_process failed)"
     quantize_static(pre, out, _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
