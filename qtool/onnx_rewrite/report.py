@@ -62,8 +62,9 @@ class RewriteResult:
         return self.to_dict()
 
     def left_in_float(self) -> list[dict]:
+        """What runs in float, with the reason (an Add fused with its Relu into QLinearAdd does not)."""
         p, e = self.prepared, self.encoding
-        return ([x.to_dict() for x in p.folds.skipped] + [x.to_dict() for x in p.plan.left_in_float]
+        return ([x.to_dict() for x in p.folds.skipped] + [x.to_dict() for x in p.plan.left_in_float if not _fused(x)]
                 + [x.to_dict() for x in e.left_in_float])
 
     def counts(self) -> dict:
@@ -112,6 +113,11 @@ class RewriteResult:
 
     def format_text(self) -> str:
         return format_summary(self.to_dict())
+
+
+def _fused(x) -> bool:
+    """TF's "not quantized: it feeds Relu" entries: the op runs in the activation's integer kernel."""
+    return x.reason.endswith("(fused at inference)")
 
 
 def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | None, calibration,
@@ -293,7 +299,8 @@ class TrainResult:
         if self.encoded is None:
             left, weights, acts, folds = [], [], [], []
         else:
-            left, folds = self.encoded.left_in_float, self.encoded.folds
+            left = [x for x in self.encoded.left_in_float if not x["reason"].endswith("(fused at inference)")]
+            folds = self.encoded.folds
             weights, acts = self.encoded.encoding.weights, self.encoded.encoding.activations
         return {
             "batch_norms_folded": len(folds),
@@ -325,7 +332,8 @@ class TrainResult:
                 for f in e.folds],
             "weights": [] if e is None else e.encoding.weights,
             "activations": [] if e is None else e.encoding.activations,
-            "left_in_float": [] if e is None else e.left_in_float,
+            "left_in_float": [] if e is None else [x for x in e.left_in_float
+                                                    if not x["reason"].endswith("(fused at inference)")],
             **({} if e is None else {"other_float_ops": dict(sorted(self.prepared.plan.other_ops.items()))}),
             "step_input": self.contract.get("step_input"),
             "state": self.contract.get("state", {}),
