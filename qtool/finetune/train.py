@@ -30,7 +30,7 @@ import os
 import resource
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -193,13 +193,57 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     t_start = time.perf_counter()
     notes: list[str] = []
 
-    # --- inputs and their checks, before any work -------------------------------------------------------
-    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+    output = _check_output(model, output)
+    graph = _open_graph(model, config, notes)
+    train, val, val_where = _open_data(data, config, graph)
+    start_step = _start_step(graph, config, notes)
+    run = _build_run(graph, config, start_step)
+    validator = _build_validator(run, val)
+    trained = _train(run, train, validator, progress, notes)
     if output is not None:
-        output = check_output_path(output)
-        if isinstance(model, (str, os.PathLike)) and os.path.abspath(os.fspath(model)) == output:
-            raise QtoolError(f"the output '{output}' is the input file: qtool finetune never overwrites its input; "
-                             "choose another output path")
+        _save_tuned(graph.ir_model, output, config, trained, validator.metric_name)
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    n_values = int(sum(int(np.prod(v.shape)) for v in run.params0.values()))
+    return FinetuneResult(
+        input=graph.label, output=output, metric_name=validator.metric_name, metric_source=val_where,
+        before=trained.before, after=trained.after, float_metric=trained.float_metric, start_step=start_step,
+        end_step=config.steps, steps_run=run.steps_run, seconds=time.perf_counter() - t_start,
+        compile_seconds=trained.compile_seconds, seconds_per_step=trained.seconds_per_step, peak_rss_mb=peak,
+        loss_first=trained.loss_first, loss_last=trained.loss_last, best_step=trained.best_step,
+        parameters=len(run.params0), parameter_values=n_values, config=config.to_dict(), history=trained.history,
+        notes=notes,
+    )
+
+
+# --- the graph and its contract ------------------------------------------------------------------------------------
+@dataclass
+class _Graph:
+    label: str  # the model's path, or "<model>"
+    ir_model: object  # a copy (or the loaded file): the trained values are written into it
+    contract: dict
+    interp: Interpreter
+    roles: _Roles
+    train_ranges: bool  # the config's, off for symmetric ranges
+
+
+def _model_label(model) -> str:
+    return os.fspath(model) if isinstance(model, (str, os.PathLike)) else "<model>"
+
+
+def _check_output(model, output):
+    """The output path, checked before any work (None: train only); never the input file."""
+    if output is None:
+        return None
+    output = check_output_path(output)
+    if isinstance(model, (str, os.PathLike)) and os.path.abspath(os.fspath(model)) == output:
+        raise QtoolError(f"the output '{output}' is the input file: qtool finetune never overwrites its input; "
+                         "choose another output path")
+    return output
+
+
+def _read_model(model, label: str):
+    """The model as an onnx-ir model of its own (a path is loaded, a model is copied) and its training contract."""
     if isinstance(model, (str, os.PathLike)):
         ir_model = load_model(model).model
     else:
@@ -213,6 +257,12 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         contract = tg.training_contract(ir_model)
     except QtoolError as exc:
         raise QtoolError(f"'{label}': {exc}") from exc
+    return ir_model, contract
+
+
+def _open_graph(model, config: FinetuneConfig, notes: list[str]) -> _Graph:
+    label = _model_label(model)
+    ir_model, contract = _read_model(model, label)
     interp = Interpreter(ir_model, label=f"'{label}'")
     roles = _roles(contract, interp)
     options = contract.get("options", {})
@@ -223,39 +273,85 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     if roles.freeze_bn_delay is None and contract.get("batch_norms"):
         notes.append("the graph never freezes its batch norms (rewrite-train without --freeze-bn-delay): training "
                      "uses batch statistics, validation too")
+    return _Graph(label, ir_model, contract, interp, roles, train_ranges)
 
-    specs = [s for s in input_specs(ir_model) if s.name != roles.step_input and s.name not in interp.initializers]
+
+def _open_data(data, config: FinetuneConfig, graph: _Graph) -> tuple[_Data, _Data, str]:
+    """The training data, the validation data (the training data when none is given) and where it comes from."""
+    specs = [s for s in input_specs(graph.ir_model)
+             if s.name != graph.roles.step_input and s.name not in graph.interp.initializers]
     train = _load_data(data, specs, config.labels, "training", require_labels=True)
-    if config.validation_data is not None:
-        val_labels = config.validation_labels or config.labels
-        val = _load_data(config.validation_data, specs, val_labels, "validation",
-                         require_labels=config.validation_labels is not None)
-        val_where = "validation data"
-    else:
-        val = train
-        val_where = "training data"
-    metric_name = "accuracy" if val.labels is not None else "sqnr_db"
+    if config.validation_data is None:
+        return train, train, "training data"
+    val_labels = config.validation_labels or config.labels
+    val = _load_data(config.validation_data, specs, val_labels, "validation",
+                     require_labels=config.validation_labels is not None)
+    return train, val, "validation data"
 
-    # --- where the schedule starts -------------------------------------------------------------------------------
-    start_step = 0
-    previous = ir_model.metadata_props.get(FINETUNE_METADATA_KEY)
-    if config.resume:
-        if previous is None:
-            raise QtoolError(f"'{label}' was not written by qtool finetune (no '{FINETUNE_METADATA_KEY}' metadata): "
-                             "nothing to resume")
-        try:
-            start_step = int(json.loads(previous)["step"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise QtoolError(f"'{label}': its '{FINETUNE_METADATA_KEY}' metadata is not valid ({exc!r})") from exc
-        if start_step >= config.steps:
-            raise QtoolError(f"'{label}' was already trained to step {start_step}: give --steps larger than that "
-                             "to continue the schedule")
-    elif previous is not None:
-        notes.append("the input was already fine-tuned: the schedule starts again at step 0 (use resume to continue)")
-    steps_run = config.steps - start_step
 
-    # --- parameters and state -----------------------------------------------------------------------------------------
-    range_names = {n for pair in roles.ranges for n in pair} if train_ranges else set()
+# --- where the schedule starts -------------------------------------------------------------------------------
+def _start_step(graph: _Graph, config: FinetuneConfig, notes: list[str]) -> int:
+    """0, or with ``resume`` the step recorded in the input's ``qtool.finetune`` metadata."""
+    label = graph.label
+    previous = graph.ir_model.metadata_props.get(FINETUNE_METADATA_KEY)
+    if not config.resume:
+        if previous is not None:
+            notes.append("the input was already fine-tuned: the schedule starts again at step 0 "
+                         "(use resume to continue)")
+        return 0
+    if previous is None:
+        raise QtoolError(f"'{label}' was not written by qtool finetune (no '{FINETUNE_METADATA_KEY}' metadata): "
+                         "nothing to resume")
+    try:
+        start_step = int(json.loads(previous)["step"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise QtoolError(f"'{label}': its '{FINETUNE_METADATA_KEY}' metadata is not valid ({exc!r})") from exc
+    if start_step >= config.steps:
+        raise QtoolError(f"'{label}' was already trained to step {start_step}: give --steps larger than that "
+                         "to continue the schedule")
+    return start_step
+
+
+# --- the JAX step ------------------------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """What the training loop and the validation share: the contract's roles, the starting values and the
+    compiled training step."""
+
+    config: FinetuneConfig
+    roles: _Roles
+    start_step: int
+    params0: dict  # trained by the optimizer: the parameters (and the activation ranges, when trained)
+    state0: dict  # the rest of the state: each step's `:updated` output
+    teacher_feed: dict  # the parameters and state the run started from
+    forward: Callable  # (feed, batch, step, quantized) -> every graph output
+    hyper: jax.Array  # the schedule's numbers (see _rate_at)
+    opt_state: object
+    train_step: Callable  # jitted (params, state, opt_state, teacher_feed, batch, labels, step, hyper)
+
+    @property
+    def steps_run(self) -> int:
+        return self.config.steps - self.start_step
+
+
+def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
+    params0, state0, teacher_feed = _initial_values(graph)
+    forward = _forward_fn(graph)
+    hyper = jnp.asarray([config.learning_rate, config.steps, config.warmup_steps,
+                         1.0 if config.schedule == "cosine" else 0.0], jnp.float32)
+    # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
+    # compiles to the same program, so JAX's compilation cache serves it)
+    optimizer = optax.scale_by_adam()
+    opt_state = optimizer.init(params0)
+    train_step = _train_step_fn(forward, graph.roles, config, optimizer)
+    return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, hyper, opt_state,
+                train_step)
+
+
+def _initial_values(graph: _Graph) -> tuple[dict, dict, dict]:
+    """The trainable tensors, the rest of the state, and the teacher's feed (both), from the initializers."""
+    roles, interp = graph.roles, graph.interp
+    range_names = {n for pair in roles.ranges for n in pair} if graph.train_ranges else set()
     trainable_names = [n for n in roles.parameters if n not in roles.state] + \
         [n for n in roles.state if n in range_names]
     params0 = {n: jnp.asarray(interp.initializers[n]) for n in trainable_names}
@@ -263,27 +359,29 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     teacher_feed = {n: jnp.asarray(interp.initializers[n]) for n in trainable_names + list(state0)}
     bad = [n for n, v in params0.items() if not jnp.issubdtype(v.dtype, jnp.floating)]
     if bad:
-        raise QtoolError(f"'{label}': trainable tensor '{bad[0]}' is not floating point")
-    weight_prefixes = tuple(p + "/" for p in roles.weight_prefixes)
+        raise QtoolError(f"'{graph.label}': trainable tensor '{bad[0]}' is not floating point")
+    return params0, state0, teacher_feed
+
+
+def _forward_fn(graph: _Graph) -> Callable:
+    """The graph as a JAX function of (feed, batch, step, quantized?); weight ranges get no gradient."""
+    interp = graph.interp
+    step_input = graph.roles.step_input
+    weight_prefixes = tuple(p + "/" for p in graph.roles.weight_prefixes)
 
     def range_grad(node_name: str) -> bool:  # TF's last-value weight ranges are not trained
         return not node_name.startswith(weight_prefixes)
 
-    step_input = roles.step_input
-    data_outputs = roles.data_outputs
-    distill_w = config.distillation_weight if config.labels is not None else 1.0
-
     def forward(feed, batch, step, quantized):
         return interp.run({**feed, **batch, step_input: step}, fake_quant=quantized, range_grad=range_grad)
 
-    # --- the optimizer --------------------------------------------------------------------------------------------------------
-    hyper = jnp.asarray([config.learning_rate, config.steps, config.warmup_steps,
-                         1.0 if config.schedule == "cosine" else 0.0], jnp.float32)
+    return forward
 
-    # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
-    # compiles to the same program, so JAX's compilation cache serves it)
-    optimizer = optax.scale_by_adam()
-    opt_state = optimizer.init(params0)
+
+def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, optimizer) -> Callable:
+    """The jitted training step: teacher, loss and gradients, the optimizer's update, the next state."""
+    data_outputs = roles.data_outputs
+    distill_w = config.distillation_weight if config.labels is not None else 1.0
 
     def loss_fn(params, state, batch, labels, step, teacher_out):
         outs = forward({**state, **params}, batch, step, True)
@@ -316,9 +414,52 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         return new_params, new_state, opt_state, loss
 
     donate = () if jax.default_backend() == "cpu" else (0, 1, 2)  # CPU buffers cannot be donated
-    train_step_jit = jax.jit(train_step, donate_argnums=donate)
+    return jax.jit(train_step, donate_argnums=donate)
 
-    eval_step_value = max(start_step, roles.quant_delay, roles.freeze_bn_delay or 0, _TEACHER_STEP)
+
+# --- validation --------------------------------------------------------------------------------------------------
+@dataclass
+class _Validator:
+    """The validation metric: accuracy with labels, else the SQNR of the quantized outputs against the
+    teacher's (computed once)."""
+
+    val: _Data
+    metric_name: str
+    eval_batch: int
+    eval_outputs: Callable  # jitted (params, state, batch) -> the quantized data outputs
+    teacher_cache: list  # the teacher's data outputs, one list per validation batch
+
+    def batches(self):
+        for s in range(0, self.val.num, self.eval_batch):
+            yield s, {k: jnp.asarray(v[s:s + self.eval_batch]) for k, v in self.val.inputs.items()}
+
+    def metric(self, params, state) -> float:
+        correct = 0
+        signal = noise = 0.0
+        for (s, b), t in zip(self.batches(), self.teacher_cache):
+            q = self.eval_outputs(params, state, b)
+            if self.metric_name == "accuracy":
+                pred = np.asarray(jnp.argmax(q[0], axis=-1))
+                correct += int(np.sum(pred == self.val.labels[s:s + self.eval_batch]))
+            else:
+                for qo, to in zip(q, t):
+                    qo, to = np.asarray(qo, np.float64), np.asarray(to, np.float64)
+                    signal += float(np.sum(to * to))
+                    noise += float(np.sum((qo - to) ** 2))
+        return correct / self.val.num if self.metric_name == "accuracy" else _sqnr_db(signal, noise)
+
+    def float_metric(self) -> float:
+        if self.metric_name != "accuracy":
+            return float("inf")
+        correct = 0
+        for (s, _), t in zip(self.batches(), self.teacher_cache):
+            correct += int(np.sum(np.asarray(jnp.argmax(t[0], axis=-1)) == self.val.labels[s:s + self.eval_batch]))
+        return correct / self.val.num
+
+
+def _build_validator(run: _Run, val: _Data) -> _Validator:
+    forward, data_outputs, roles = run.forward, run.roles.data_outputs, run.roles
+    eval_step_value = max(run.start_step, roles.quant_delay, roles.freeze_bn_delay or 0, _TEACHER_STEP)
 
     def eval_outputs(params, state, batch):
         q = forward({**state, **params}, batch, jnp.int32(eval_step_value), True)
@@ -327,79 +468,90 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     eval_jit = jax.jit(eval_outputs)
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
+    metric_name = "accuracy" if val.labels is not None else "sqnr_db"
+    validator = _Validator(val, metric_name, val.fixed_batch or min(val.num, 256), eval_jit, [])
+    validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
+    return validator
 
-    eval_batch = val.fixed_batch or min(val.num, 256)
 
-    def val_batches():
-        for s in range(0, val.num, eval_batch):
-            yield s, {k: jnp.asarray(v[s:s + eval_batch]) for k, v in val.inputs.items()}
+# --- the training loop -----------------------------------------------------------------------------------------
+@dataclass
+class _Trained:
+    """What the loop reached: the metric before and after, the values kept (the best, or the last), timings."""
 
-    teacher_cache = [teacher_jit(teacher_feed, b) for _, b in val_batches()]
+    before: float
+    float_metric: float
+    best: tuple  # (metric, step, params on the host, state on the host)
+    history: list = field(default_factory=list)
+    loss_first: float | None = None
+    loss_last: float | None = None
+    compile_seconds: float = 0.0
+    seconds_per_step: float = 0.0
 
-    def metric(params, state) -> float:
-        correct = 0
-        signal = noise = 0.0
-        for (s, b), t in zip(val_batches(), teacher_cache):
-            q = eval_jit(params, state, b)
-            if metric_name == "accuracy":
-                pred = np.asarray(jnp.argmax(q[0], axis=-1))
-                correct += int(np.sum(pred == val.labels[s:s + eval_batch]))
-            else:
-                for qo, to in zip(q, t):
-                    qo, to = np.asarray(qo, np.float64), np.asarray(to, np.float64)
-                    signal += float(np.sum(to * to))
-                    noise += float(np.sum((qo - to) ** 2))
-        return correct / val.num if metric_name == "accuracy" else _sqnr_db(signal, noise)
+    @property
+    def after(self) -> float:
+        return self.best[0]
 
-    def float_metric() -> float:
-        if metric_name != "accuracy":
-            return float("inf")
-        correct = 0
-        for (s, _), t in zip(val_batches(), teacher_cache):
-            correct += int(np.sum(np.asarray(jnp.argmax(t[0], axis=-1)) == val.labels[s:s + eval_batch]))
-        return correct / val.num
+    @property
+    def best_step(self) -> int:
+        return self.best[1]
 
-    params = dict(params0)
-    state = dict(state0)
-    before = metric(params, state)
-    float_value = float_metric()
-    best = (before, start_step, _host(params), _host(state))
 
-    # --- the loop ---------------------------------------------------------------------------------------------------------
+class _Batches:
+    """Training batches in random order: a fresh permutation whenever the current one runs out."""
+
+    def __init__(self, train: _Data, batch_size: int, rng: np.random.Generator):
+        self.train, self.batch_size, self.rng = train, batch_size, rng
+        self.order = rng.permutation(train.num)
+        self.cursor = 0
+
+    def next(self) -> tuple[dict, jax.Array | None]:
+        train, batch_size = self.train, self.batch_size
+        if self.cursor + batch_size > train.num:
+            self.order = self.rng.permutation(train.num)
+            self.cursor = 0
+        idx = np.sort(self.order[self.cursor:self.cursor + batch_size])
+        self.cursor += batch_size
+        batch = {k: jnp.asarray(v[idx]) for k, v in train.inputs.items()}
+        labels = None if train.labels is None else jnp.asarray(train.labels[idx].astype(np.int32))
+        return batch, labels
+
+
+def _batch_size(config: FinetuneConfig, train: _Data, notes: list[str]) -> int:
     batch_size = min(config.batch_size, train.num)
     if train.fixed_batch and train.fixed_batch != config.batch_size:
         batch_size = train.fixed_batch
         notes.append(f"the model's inputs have a fixed batch size of {batch_size}: using it")
     elif batch_size < config.batch_size:
         notes.append(f"batch size {config.batch_size} is more than the {train.num} samples: using {batch_size}")
-    rng = np.random.default_rng([config.seed, start_step])
-    order = rng.permutation(train.num)
-    cursor = 0
+    return batch_size
+
+
+def _train(run: _Run, train: _Data, validator: _Validator,
+           progress: Callable[[FinetuneProgress], None] | None, notes: list[str]) -> _Trained:
+    """The steps from ``start_step`` to ``steps``: validation every ``validate_every`` steps (about ten times
+    by default; the best values are kept) and progress about fifty times."""
+    config, start_step, steps_run, metric_name = run.config, run.start_step, run.steps_run, validator.metric_name
+    params, state, opt_state = dict(run.params0), dict(run.state0), run.opt_state
+    before = validator.metric(params, state)
+    out = _Trained(before, validator.float_metric(), (before, start_step, _host(params), _host(state)))
+    batches = _Batches(train, _batch_size(config, train, notes), np.random.default_rng([config.seed, start_step]))
     every = config.validate_every or max(1, steps_run // 10)
     report_every = max(1, steps_run // 50)
-    history = []
-    loss_first = loss_last = None
-    compile_seconds = 0.0
     t_loop = time.perf_counter()
     t_after_first = None
     for i in range(steps_run):
         step = start_step + i
-        if cursor + batch_size > train.num:
-            order = rng.permutation(train.num)
-            cursor = 0
-        idx = np.sort(order[cursor:cursor + batch_size])
-        cursor += batch_size
-        batch = {k: jnp.asarray(v[idx]) for k, v in train.inputs.items()}
-        labels = None if train.labels is None else jnp.asarray(train.labels[idx].astype(np.int32))
+        batch, labels = batches.next()
         t0 = time.perf_counter()
-        params, state, opt_state, loss = train_step_jit(params, state, opt_state, teacher_feed, batch, labels,
-                                                        jnp.int32(step), hyper)
+        params, state, opt_state, loss = run.train_step(params, state, opt_state, run.teacher_feed, batch, labels,
+                                                        jnp.int32(step), run.hyper)
         loss = float(loss)
         if i == 0:
-            compile_seconds = time.perf_counter() - t0
+            out.compile_seconds = time.perf_counter() - t0
             t_after_first = time.perf_counter()
-            loss_first = loss
-        loss_last = loss
+            out.loss_first = loss
+        out.loss_last = loss
         if not math.isfinite(loss):
             raise QtoolError(f"the loss became {loss} at step {step}: lower the learning rate "
                              f"(now {config.learning_rate:g})")
@@ -409,46 +561,45 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
         if done > 1:
             eta = (time.perf_counter() - t_after_first) / (done - 1) * (steps_run - done)
         validate = done % every == 0 or done == steps_run
-        m = metric(params, state) if validate else None
+        m = validator.metric(params, state) if validate else None
         if validate:
-            history.append({"step": step + 1, "loss": loss, metric_name: m})
-            if m > best[0] or not config.keep_best:
-                best = (m, step + 1, _host(params), _host(state))
+            out.history.append({"step": step + 1, "loss": loss, metric_name: m})
+            if m > out.best[0] or not config.keep_best:
+                out.best = (m, step + 1, _host(params), _host(state))
         if progress is not None and (validate or done % report_every == 0 or done == 1):
             progress(FinetuneProgress(step + 1, config.steps, loss, elapsed, eta, metric_name if validate else None, m))
     loop_seconds = time.perf_counter() - t_loop
-    last = history[-1][metric_name] if history else before
-    after, best_step, best_params, best_state = best
-    if config.keep_best and best_step != config.steps:
-        notes.append(f"kept the values of step {best_step} ({metric_name} {_fmt_metric(metric_name, after)}), "
+    _note_kept_best(out, config, metric_name, notes)
+    out.seconds_per_step = ((time.perf_counter() - t_after_first) / max(1, steps_run - 1) if steps_run > 1
+                            else loop_seconds)
+    return out
+
+
+def _note_kept_best(trained: _Trained, config: FinetuneConfig, metric_name: str, notes: list[str]) -> None:
+    last = trained.history[-1][metric_name] if trained.history else trained.before
+    if config.keep_best and trained.best_step != config.steps:
+        notes.append(f"kept the values of step {trained.best_step} "
+                     f"({metric_name} {_fmt_metric(metric_name, trained.after)}), "
                      f"better than the last step's ({_fmt_metric(metric_name, last)})")
-    per_step = (time.perf_counter() - t_after_first) / max(1, steps_run - 1) if steps_run > 1 else loop_seconds
 
-    # --- write back -------------------------------------------------------------------------------------------------------
-    end_step = config.steps
-    if output is not None:
 
-        _write_back(ir_model, {**best_params, **best_state}, {
-            "version": 1,
-            "step": end_step,
-            "best_step": best_step,
-            "schedule": {"steps": config.steps, "learning_rate": config.learning_rate, "schedule": config.schedule,
-                         "warmup_steps": config.warmup_steps},
-            "seed": config.seed,
-            "labels": config.labels,
-            "distillation": config.distillation,
-            "metric": {"name": metric_name, "before": before, "after": after, "float": float_value},
-        })
-        save_model(ir_model, output)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    n_values = int(sum(int(np.prod(v.shape)) for v in params0.values()))
-    return FinetuneResult(
-        input=label, output=output, metric_name=metric_name, metric_source=val_where,
-        before=before, after=after, float_metric=float_value, start_step=start_step, end_step=end_step,
-        steps_run=steps_run, seconds=time.perf_counter() - t_start, compile_seconds=compile_seconds,
-        seconds_per_step=per_step, peak_rss_mb=peak, loss_first=loss_first, loss_last=loss_last, best_step=best_step,
-        parameters=len(params0), parameter_values=n_values, config=config.to_dict(), history=history, notes=notes,
-    )
+# --- write back -------------------------------------------------------------------------------------------------------
+def _save_tuned(ir_model, output: str, config: FinetuneConfig, trained: _Trained, metric_name: str) -> None:
+    """The kept values into the graph, the run recorded in its ``qtool.finetune`` metadata; saved atomically."""
+    _, best_step, best_params, best_state = trained.best
+    _write_back(ir_model, {**best_params, **best_state}, {
+        "version": 1,
+        "step": config.steps,
+        "best_step": best_step,
+        "schedule": {"steps": config.steps, "learning_rate": config.learning_rate, "schedule": config.schedule,
+                     "warmup_steps": config.warmup_steps},
+        "seed": config.seed,
+        "labels": config.labels,
+        "distillation": config.distillation,
+        "metric": {"name": metric_name, "before": trained.before, "after": trained.after,
+                   "float": trained.float_metric},
+    })
+    save_model(ir_model, output)
 
 
 def _enable_compilation_cache() -> None:
