@@ -18,7 +18,17 @@ from qtool import calibrate as cal
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
-from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_model, save_model, same_file
+from qtool.model.io import (
+    OpenedModel,
+    as_ir_model,
+    check_output_path,
+    check_outputs,
+    load_model,
+    model_files,
+    open_model,
+    save_model,
+    same_file,
+)
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
 from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
@@ -71,7 +81,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock = _Clock()
     if ranges is not None and calibration_data is not None:
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
-    opened = open_model(model, output, in_place)
+    opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
     clock.lap("load")
     given = cal.load_ranges(ranges) if ranges is not None else None
     prepared = prepare_eval(opened.model, quant, opened.label)
@@ -112,7 +122,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     says. The training contract is in ``metadata_props["qtool.training"]``
     (``docs/training.md``); a qtool training graph is returned as it is.
     """
-    opened = open_model(model, output, in_place)
+    opened = open_model(model, output, in_place, inputs=[calibration_data])
     contract = existing_contract(opened.model, opened.label)
     if contract is not None:  # already rewritten: report, do not rewrite twice
         if in_place:
@@ -148,6 +158,10 @@ def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
     ir_model = as_ir_model(model)
     if not isinstance(model, (str, os.PathLike)):
         ir_model = ir_model.clone()
+    return _calibrate(ir_model, data, tensors, quant, calibration, progress)
+
+
+def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
     if tensors is None:
         tensors = fold_and_plan(ir_model, quant)[2].tensors_to_calibrate()
     loaded = load_calibration_data(data, input_specs(ir_model))
@@ -163,16 +177,23 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
     """
     out = os.fspath(output)
     check_output_path(out)
-    if isinstance(model, (str, os.PathLike)) and os.path.exists(out) and os.path.exists(model) \
-            and same_file(out, model):
-        raise QtoolError(f"the output '{out}' is the input model")
-    result = calibrate(model, data, quant=quant, calibration=calibration, progress=progress)
-    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    label = None
+    if isinstance(model, (str, os.PathLike)):
+        label = os.fspath(model)
+        if os.path.exists(out) and os.path.exists(label) and same_file(out, label):
+            raise QtoolError(f"the output '{os.fspath(output)}' is the input model")
+        ir_model = load_model(label).model
+        check_outputs([out], model_files(label, ir_model) + [data])
+    else:
+        check_outputs([out], [data])
+        ir_model = as_ir_model(model).clone()
+    result = _calibrate(ir_model, data, None, quant, calibration, progress)
     return cal.write_ranges_file(out, result, label, quant, calibration.batch_size)
 
 
 def finetune(model, data, output, config=None, *, progress=None):
     """Quantization-aware fine-tuning of a training graph (``qtool finetune``; the ``train`` extra)."""
+    check_outputs([output], (model_files(model) if isinstance(model, (str, os.PathLike)) else []) + [data])
     try:
         from qtool import finetune as ft  # jax: an optional heavy engine, imported when used
     except ImportError as exc:

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qtool.errors import QtoolError
+from qtool.model.io import RANGES_TMP_PREFIX, clean_stale
 
 FORMAT = "qtool.ranges"
 VERSION = 1
@@ -68,7 +69,8 @@ def save_ranges(path, document: dict) -> str:
         raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
     if os.path.isdir(path):
         raise QtoolError(f"cannot write '{path}': it is a folder")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".qtool-ranges-", suffix=".tmp")
+    clean_stale(folder)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(document, f, indent=1, allow_nan=False)

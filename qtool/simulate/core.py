@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qtool.errors import QtoolError
+from qtool.model.io import check_outputs, model_files
 
 Progress = Callable[[str, int, int], None]  # (pass label, samples done, samples total)
 
@@ -186,6 +187,13 @@ class _ModelAcc:
 
 
 # --- inputs ------------------------------------------------------------------------------------------------
+
+
+def _files_read(model, data, quantized, calibration_data) -> list:
+    """Every file simulate reads: the models with their external data, the data files."""
+    paths = [model] + ([quantized] if isinstance(quantized, (str, os.PathLike)) else list(quantized or ()))
+    files = [f for p in paths if isinstance(p, (str, os.PathLike)) for f in model_files(p)]
+    return files + [data, calibration_data]
 
 
 def _load(model, what: str):
@@ -363,6 +371,7 @@ def simulate(
     of each pass over data.
     """
     start = time.perf_counter()
+    check_outputs([json_path, html_path], _files_read(model, data, quantized, calibration_data))
     from qtool.data import input_specs
     from qtool.kernels import metrics as m
     from qtool.model.names import name_unnamed_nodes
