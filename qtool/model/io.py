@@ -31,6 +31,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from qtool.errors import QtoolError
+from qtool.model import validate
 
 # onnxruntime 1.31 loads IR version <= 13 (onnx 1.23 writes 14 by default).
 MAX_IR_VERSION = 13
@@ -73,20 +74,40 @@ def load_model(path: str | os.PathLike) -> LoadedModel:
     del data
     if not proto.HasField("graph") or proto.ir_version <= 0 or not proto.opset_import:
         raise QtoolError(f"'{path}' is not an ONNX model (no graph, IR version or opset)")
+    model = model_from_proto(proto, path, base_dir=os.path.dirname(os.path.abspath(path)))
+    external = _check_external_data(model, path)
+    _check_graph_closed(model.graph, path)
+    validate.run_checker(light_proto(model)[0], path)
+    validate.check_finite_parameters(model.graph, path)
+    return LoadedModel(model, path, external)
+
+
+def model_from_proto(proto: onnx.ModelProto, label: str, base_dir: str | None = None) -> ir.Model:
+    """The IR of a parsed model, after the checks of :mod:`qtool.model.validate` on the proto
+    (sparse initializers densified: in place, so pass a copy of a proto that is not yours)."""
+    validate.check_proto(proto, label)
+    validate.densify_sparse(proto, label)
     logger = logging.getLogger("onnx_ir")
     level = logger.level
     logger.setLevel(logging.ERROR)  # undefined inputs are reported below, as one line
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # noqa: BLE001 - any failure here means a malformed file
-        raise QtoolError(f"'{path}' is not a valid ONNX model: {exc}") from exc
+        raise QtoolError(f"'{label}' is not a valid ONNX model: {_one_line(exc)}") from exc
     finally:
         logger.setLevel(level)
-    base_dir = os.path.dirname(os.path.abspath(path))
-    ir.external_data.set_base_dir(model.graph, base_dir)
-    external = _check_external_data(model, path)
-    _check_graph_closed(model.graph, path)
-    return LoadedModel(model, path, external)
+    if base_dir is not None:
+        ir.external_data.set_base_dir(model.graph, base_dir)
+    validate.sort_graphs(model)
+    return model
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line; onnx-ir's wrapped errors are reduced to their cause."""
+    while exc.__cause__ is not None and type(exc).__name__ == "SerdeError":
+        exc = exc.__cause__
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _check_external_data(model: ir.Model, path: str) -> bool:
@@ -185,7 +206,7 @@ def save_model(model: ir.Model, output: str | os.PathLike, *, external_data: boo
     _drop_initializer_value_info(model)
     folder = os.path.dirname(output)
     name = os.path.basename(output)
-    clean_stale(folder, name)
+    clean_stale(folder)
     use_external = external_data or tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
     try:
         tmpdir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=folder)
@@ -241,7 +262,11 @@ RANGES_TMP_PREFIX = ".qtool-ranges-"  # + "<pid>-<random>.tmp": the ranges file 
 DATA_TOKEN_PREFIX = "qt-"  # external data files: "<output>.qt-<12 hex>.data"
 STALE_SECONDS = 600  # a temporary without a known live owner, or an unreferenced data file, this old is stale
 OWNED_MAX_SECONDS = 24 * 3600  # even with a live owner pid (pids are reused)
-_TMP_RE = re.compile(r"^\.qtool-(?:tmp|ranges)-(\d+)-[^/]*$|^\.qtool-[^/]*\.tmp$")
+# ".qtool-tmp-<pid>-*", ".qtool-ranges-<pid>-*.tmp"; without a pid (older qtool, reports): by age
+_TMP_RE = re.compile(r"^\.qtool-(?:tmp|ranges)-(?:(\d+)-)?[^/]*$|^\.qtool-[^/]*\.tmp$")
+
+
+_DATA_RE = re.compile(r"^(.+)\." + re.escape(DATA_TOKEN_PREFIX) + r"[0-9a-f]{12}\.data$")
 
 
 def _ours(name: str, data_file: str) -> bool:
@@ -276,10 +301,11 @@ def clean_stale(folder: str, name: str | None = None) -> list[str]:
       whose owner process is not running (or, with a running one, older than a
       day: pids are reused); other ``.qtool-*.tmp`` files older than
       :data:`STALE_SECONDS`;
-    - with ``name``: external data files ``<name>.qt-<token>.data`` that the
-      current ``<name>`` does not reference and that are older than
-      :data:`STALE_SECONDS` (a writer moves its data file in just before its
-      commit, so a younger one may belong to a run still committing).
+    - external data files ``<output>.qt-<token>.data`` (only those of ``name``,
+      when given) that the current ``<output>`` does not reference and that
+      are older than :data:`STALE_SECONDS` (a writer moves its data file in
+      just before its commit, so a younger one may belong to a run still
+      committing).
 
     Nothing else is touched; errors are ignored (another run may clean at the same time).
     """
@@ -305,17 +331,22 @@ def clean_stale(folder: str, name: str | None = None) -> list[str]:
             else:
                 _remove(path)
             removed.append(entry)
-    if name is not None:
-        candidates = [e for e in entries if _ours(name, e)]
-        if candidates:
-            target = os.path.join(folder, name)
-            referenced = _referenced_data(target) if os.path.lexists(target) else set()
-            if referenced is not None:  # None: the target could not be read; keep everything
-                for entry in candidates:
-                    path = os.path.join(folder, entry)
-                    if entry not in referenced and _age(path, now) > STALE_SECONDS:
-                        _remove(path)
-                        removed.append(entry)
+    # data files: grouped by the output they were written for
+    owners: dict[str, list[str]] = {}
+    for entry in entries:
+        match = _DATA_RE.match(entry)
+        if match is not None and (name is None or match.group(1) == name):
+            owners.setdefault(match.group(1), []).append(entry)
+    for owner, candidates in owners.items():
+        target = os.path.join(folder, owner)
+        referenced = _referenced_data(target) if os.path.lexists(target) else set()
+        if referenced is None:  # the target could not be read: keep everything
+            continue
+        for entry in candidates:
+            path = os.path.join(folder, entry)
+            if entry not in referenced and _age(path, now) > STALE_SECONDS:
+                _remove(path)
+                removed.append(entry)
     return removed
 
 
@@ -486,7 +517,15 @@ def as_ir_model(model) -> ir.Model:
     if isinstance(model, (str, os.PathLike)):
         return load_model(model).model
     if isinstance(model, onnx.ModelProto):
-        return ir.serde.deserialize_model(model)
+        if len(model.graph.sparse_initializer):
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            model = copy
+        ir_model = model_from_proto(model, "<model>")
+        _check_graph_closed(ir_model.graph, "<model>")
+        validate.run_checker(light_proto(ir_model)[0], "<model>")
+        validate.check_finite_parameters(ir_model.graph, "<model>")
+        return ir_model
     if isinstance(model, ir.Model):
         return model
     raise QtoolError(f"model must be a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
