@@ -42,11 +42,33 @@ def _graph_label(graph: onnx.GraphProto, where: str) -> str:
 
 
 def check_proto(proto: onnx.ModelProto, label: str) -> None:
-    """Names, attribute types and cycles of ``proto`` (every graph, subgraphs included)."""
+    """Text fields, names, types and cycles of ``proto`` (every graph, subgraphs included)."""
+    _check_text(proto, label)
     _check_graph_proto(proto.graph, label, "the graph", outer=set())
     for function in proto.functions:
         for node in function.node:
             _check_attributes(node, label)
+
+
+def _check_text(message, label: str) -> None:
+    """Every ``string`` field holds UTF-8 text (protobuf parses bytes that are not, and they fail
+    later, when the model is written)."""
+    stack = [message]
+    while stack:
+        msg = stack.pop()
+        for field, value in msg.ListFields():
+            if field.type == field.TYPE_MESSAGE:
+                if field.is_repeated:
+                    stack.extend(value)
+                else:
+                    stack.append(value)
+            elif field.type == field.TYPE_STRING:
+                for text in (value if field.is_repeated else [value]):
+                    if not isinstance(text, str):
+                        name = getattr(msg, "name", "") if field.name != "name" else ""
+                        where = f" of {type(msg).__name__.removesuffix('Proto')} '{name}'" if name else ""
+                        raise QtoolError(f"'{label}' is not a valid ONNX model: the field '{field.name}'{where} "
+                                         f"is not UTF-8 text ({bytes(text)[:40]!r})")
 
 
 def _subgraphs(node: onnx.NodeProto):
@@ -56,11 +78,52 @@ def _subgraphs(node: onnx.NodeProto):
         yield from attr.graphs
 
 
+_DATA_TYPES = set(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
+
+
+_T = onnx.TensorProto
+# the typed field of each data type, and how many entries it holds per element (4-bit types: two per entry)
+_FIELDS = {_T.FLOAT: ("float_data", 1), _T.COMPLEX64: ("float_data", 2), _T.DOUBLE: ("double_data", 1),
+           _T.COMPLEX128: ("double_data", 2), _T.INT64: ("int64_data", 1), _T.UINT32: ("uint64_data", 1),
+           _T.UINT64: ("uint64_data", 1), _T.STRING: ("string_data", 1)}
+_FOUR_BIT = {getattr(_T, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(_T, n)}
+
+
+def _check_tensor_type(tensor: onnx.TensorProto, what: str, label: str) -> None:
+    """A defined data type, and as much data as the dims say (inline tensors; external ones are
+    checked against their file when loaded)."""
+    if tensor.data_type not in _DATA_TYPES:
+        kind = "no data type (UNDEFINED)" if tensor.data_type == 0 else f"an unknown data type ({tensor.data_type})"
+        raise QtoolError(f"'{label}' is not a valid ONNX model: {what} has {kind}")
+    if any(d < 0 for d in tensor.dims):
+        raise QtoolError(f"'{label}' is not a valid ONNX model: {what} has a negative dimension {list(tensor.dims)}")
+    if tensor.data_location == _T.EXTERNAL or tensor.data_type == _T.STRING and not tensor.dims:
+        return
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    if tensor.HasField("raw_data"):
+        bits = ir.DataType(tensor.data_type).bitwidth if tensor.data_type != _T.STRING else None
+        have, need = len(tensor.raw_data), None if bits is None else -(-count * bits // 8)
+        unit = "bytes"
+    else:
+        field, per = _FIELDS.get(tensor.data_type, ("int32_data", 1))
+        have = len(getattr(tensor, field))
+        need = -(-count // 2) if tensor.data_type in _FOUR_BIT else count * per
+        unit = f"values in {field}"
+    if need is not None and have != need:
+        raise QtoolError(f"'{label}' is not a valid ONNX model: {what} of shape {list(tensor.dims)} "
+                         f"needs {need} {unit}, it has {have}")
+
+
 def _check_attributes(node: onnx.NodeProto, label: str) -> None:
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.UNDEFINED and not attr.ref_attr_name:
             raise QtoolError(f"'{label}' is not a valid ONNX model: attribute '{attr.name}' of node "
                              f"'{node.name or node.op_type}' has no type (UNDEFINED)")
+        where = f"tensor attribute '{attr.name}' of node '{node.name or node.op_type}'"
+        for tensor in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
+            _check_tensor_type(tensor, where, label)
 
 
 def _check_graph_proto(graph: onnx.GraphProto, label: str, where: str, outer: set[str]) -> None:
@@ -75,6 +138,8 @@ def _check_graph_proto(graph: onnx.GraphProto, label: str, where: str, outer: se
 
     duplicate([t.name for t in graph.initializer] + [s.values.name for s in graph.sparse_initializer],
               "initializer name")
+    for tensor in list(graph.initializer) + [s.values for s in graph.sparse_initializer]:
+        _check_tensor_type(tensor, f"initializer '{tensor.name}'", label)
     duplicate([v.name for v in graph.input], "graph input")
     duplicate([n.name for n in graph.node], "node name")
     # values: each is defined once (a graph input that is also an initializer is IR < 4 style and fine)
