@@ -70,12 +70,20 @@ def save_ranges(path, document: dict) -> str:
     if os.path.isdir(path):
         raise QtoolError(f"cannot write '{path}': it is a folder")
     clean_stale(folder)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
+    except OSError as exc:
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(document, f, indent=1, allow_nan=False)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     except BaseException:
         try:
             os.unlink(tmp)
@@ -83,6 +91,13 @@ def save_ranges(path, document: dict) -> str:
             pass
         raise
     return path
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _number(v, where: str) -> float:
