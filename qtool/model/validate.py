@@ -313,7 +313,8 @@ def run_checker(proto: onnx.ModelProto, label: str) -> None:
 
 
 def check_finite_parameters(graph: ir.Graph, label: str) -> None:
-    """Layer weights and biases and batch-norm parameters hold no NaN or inf."""
+    """Layer weights and biases and batch-norm parameters hold no NaN or inf, and running
+    variances are not negative."""
     for node in graph.all_nodes():
         if node.domain != "":
             continue
@@ -325,6 +326,11 @@ def check_finite_parameters(graph: ir.Graph, label: str) -> None:
                     checks.append((what, node.inputs[index]))
         elif node.op_type == "BatchNormalization":
             checks = [(what, node.inputs[i]) for i, what in BATCH_NORM_PARAMETERS.items() if i < len(node.inputs)]
+            eps = node.attributes.get("epsilon")
+            if eps is not None and eps.type == ir.AttributeType.FLOAT and not (np.isfinite(eps.as_float())
+                                                                              and eps.as_float() >= 0):
+                raise QtoolError(f"'{label}': BatchNormalization '{node.name}' has epsilon {eps.as_float()}; "
+                                 "it must be a finite number >= 0")
         for what, value in checks:
             source = constant_source(value)
             if source is None:
@@ -335,6 +341,15 @@ def check_finite_parameters(graph: ir.Graph, label: str) -> None:
                 raise QtoolError(f"'{label}': the {what} '{value.name}' of {node.op_type} "
                                  f"'{node.name}' cannot be read ({exc})") from exc
             bad = _first_non_finite(array)
+            if bad is None and what == "running variance" and array is not None and np.asarray(array).size:
+                negative = np.asarray(array) < 0
+                if negative.any():
+                    index = tuple(int(i) for i in np.unravel_index(int(np.argmax(negative)), negative.shape))
+                    raise QtoolError(
+                        f"'{label}': the running variance '{value.name}' of BatchNormalization '{node.name}' "
+                        f"has {int(negative.sum())} negative value(s) (first: {np.asarray(array)[index]} at index "
+                        f"{index}); a variance cannot be negative"
+                    )
             if bad is not None:
                 index, number, count = bad
                 raise QtoolError(

@@ -44,6 +44,7 @@ from qtool.onnx_rewrite._train_ops import Ops
 from qtool.config import QuantConfig
 from qtool.model.codec import symmetric_ratio, widen
 from qtool.model.io import load_model
+from qtool.model.validate import check_finite_parameters
 
 METADATA_KEY = "qtool.training"
 CONTRACT_VERSION = 1
@@ -285,6 +286,9 @@ def check_contract(contract: dict, model: ir.Model | None = None) -> None:
     for i, b in enumerate(contract["batch_norms"]):
         _check_fields(b, _BATCH_NORM_KEYS, f"batch norm {i}")
         _check_strings(b["layer_inputs"], f"'layer_inputs' of batch norm {i}", empty_ok=True)
+        for key in ("epsilon", "momentum", "gemm_beta"):
+            if b[key] is not None and not (np.isfinite(b[key]) and (b[key] >= 0 or key == "gemm_beta")):
+                raise QtoolError(f"the 'qtool.training' contract is garbled: '{key}' of batch norm {i} is {b[key]}")
         if b["bias_add"] is not None:
             _check_fields(b["bias_add"], _BIAS_ADD_KEYS, f"the bias Add of batch norm {i}")
             _check_strings(b["bias_add"]["inputs"], f"the bias Add inputs of batch norm {i}", empty_ok=True)
@@ -436,8 +440,12 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
                          "not a graph qtool wrote, or its metadata was removed")
     try:
         contract = training_contract(model)
-        return _strip(model, contract)
+        state = _strip(model, contract)
+        check_finite_parameters(model.graph, label)  # the trained statistics and weights
+        return state
     except QtoolError as exc:
+        if str(exc).startswith(f"'{label}'"):
+            raise
         raise QtoolError(f"'{label}': {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise QtoolError(f"'{label}' is a qtool training graph whose contract does not match its graph ({exc!r})") from exc

@@ -145,9 +145,21 @@ def mutate(proto: onnx.ModelProto, rng: np.random.Generator, contract: str | Non
     elif kind == "garbled metadata":
         text = contract if contract is not None and rng.integers(2) else json.dumps({"version": 1})
         doc = json.loads(text)
-        if isinstance(doc, dict) and doc:
-            key = pick(sorted(doc))
-            doc[key] = pick([None, 1, "x", [], {}, [1, "a"], {"a": 1}, -1.5])
+        target = doc
+        while isinstance(target, (dict, list)) and target and rng.integers(3):  # sometimes a nested entry
+            inner = target[pick(sorted(target))] if isinstance(target, dict) else pick(target)
+            if not isinstance(inner, (dict, list)) or not inner:
+                break
+            target = inner
+        junk = [None, 1, "x", [], {}, [1, "a"], {"a": 1}, -1.5, "Conv_0/act_quant/min", "input", True]
+        if isinstance(target, dict) and target:
+            key = pick(sorted(target))
+            if rng.integers(4):
+                target[key] = pick(junk)
+            else:
+                del target[key]
+        elif isinstance(target, list) and target:
+            target[int(rng.integers(len(target)))] = pick(junk)
         entry = m.metadata_props.add()
         entry.key, entry.value = "qtool.training", json.dumps(doc) if rng.integers(4) else text[: len(text) // 2]
     elif kind == "sparse":

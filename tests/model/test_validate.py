@@ -134,6 +134,13 @@ def test_non_finite_parameters(tmp_path, name, what, op, value):
     refused(tmp_path, m, f"the {what} '{name}' of {op} contains 1 non-finite value\\(s\\) \\(first: {shown} at index")
 
 
+def test_negative_running_variance(tmp_path):
+    m = copy.deepcopy(BASE)
+    set_array(m, "bn2.running_var", lambda a: a.__setitem__(3, -0.5))
+    refused(tmp_path, m, "the running variance 'bn2.running_var' of BatchNormalization 'BatchNormalization_4' "
+                         "has 1 negative value\\(s\\) \\(first: -0.5 at index \\(3,\\)\\)")
+
+
 def test_non_finite_values_elsewhere_are_allowed(tmp_path):
     """An inf in a tensor that is no layer parameter (a mask, a clip bound) is legitimate."""
     m = copy.deepcopy(BASE)
