@@ -298,18 +298,26 @@ def run_checker(proto: onnx.ModelProto, label: str) -> None:
         for info in list(graph.input) + list(graph.output):
             if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape"):
                 info.type.tensor_type.shape.SetInParent()
-    with tempfile.TemporaryDirectory(prefix=".qtool-check-") as folder:
-        # the placeholders name an (empty) file, as checker wants external data to exist
-        open(os.path.join(folder, "__qtool_placeholder__"), "wb").close()
-        path = os.path.join(folder, "model.onnx")
-        with open(path, "wb") as f:
-            f.write(proto.SerializeToString())
-        try:
-            onnx.checker.check_model(path, full_check=False)
-        except onnx.checker.ValidationError as exc:
-            main, _, context = str(exc).partition("==> Context:")
-            text = " ".join(main.split()) + (f" [{' '.join(context.split())}]" if context.strip() else "")
-            raise QtoolError(f"'{label}' is not a valid ONNX model: {text}") from exc
+    try:
+        with tempfile.TemporaryDirectory(prefix="qtool-check-") as folder:
+            # the placeholders name an (empty) file, as the checker wants external data to exist
+            open(os.path.join(folder, "__qtool_placeholder__"), "wb").close()
+            path = os.path.join(folder, "model.onnx")
+            with open(path, "wb") as f:
+                f.write(proto.SerializeToString())
+            _check_file(path, label)
+    except OSError as exc:
+        raise QtoolError(f"cannot check '{label}': the temporary folder for onnx.checker cannot be written "
+                         f"({exc.strerror or exc}); set TMPDIR to a writable folder") from exc
+
+
+def _check_file(path: str, label: str) -> None:
+    try:
+        onnx.checker.check_model(path, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        main, _, context = str(exc).partition("==> Context:")
+        text = " ".join(main.split()) + (f" [{' '.join(context.split())}]" if context.strip() else "")
+        raise QtoolError(f"'{label}' is not a valid ONNX model: {text}") from exc
 
 
 def check_finite_parameters(graph: ir.Graph, label: str) -> None:

@@ -228,3 +228,4 @@ def test_sigkill_during_a_write(tmp_path, step):
     assert leftovers(tmp_path) == []
     assert data_files(tmp_path, "m.onnx") == sorted(referenced(out))
     assert weight_fill(out) == (2.0 if step == "committed" else 1.0)
+
