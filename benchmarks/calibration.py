@@ -19,7 +19,21 @@ qtool's peak memory at 64 samples <= 1.15x its own at 16 and below 1 GB.
 qtool runs once per method before timing so that numba's on-disk cache is
 warm, as for any second use of the CLI.
 
+Memory (``--memory-samples``, default 16 64 256; ``--memory-only`` skips the
+timing above): peak RSS of ``qtool calibrate`` at each sample count, in one
+run, at ``--memory-batch-size`` (16, the CLI's default) with
+``--memory-method`` (minmax, the default), and the ratios to the smallest
+count (goal: 64 vs 16 samples <= 1.15). ``--baseline REV`` also runs the
+qtool of git revision REV (extracted with ``git archive``) on the same files,
+for before/after figures from the same run. onnxruntime's calibrator for the
+same method over the same batches is the reference (minmax, percentile,
+entropy; none for the others). Its ``MinMaxCalibrater`` reduces each tensor
+in the graph, but its histogram calibrators keep every batch's outputs until
+``collect_data`` ends, so it is skipped at a count where a straight line
+through its two smallest counts passes ``--ort-limit-gb`` (16).
+
     python benchmarks/calibration.py [--repeats 3] [--samples 16 64] [--batch-size 1] [--keep DIR]
+    python benchmarks/calibration.py --memory-only [--memory-samples 16 64 256] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -64,6 +79,79 @@ _ORT_SCRIPT = textwrap.dedent(
 )
 
 
+def _baseline_tree(rev: str, work: str) -> str:
+    """A folder holding the ``qtool`` package of git revision ``rev`` (run with it as the working directory)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = os.path.join(work, "baseline")
+    os.makedirs(folder, exist_ok=True)
+    archive = subprocess.run(["git", "-C", repo, "archive", rev, "qtool"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    return folder
+
+
+def memory(args, work: str, model: str, data: np.ndarray) -> None:
+    """Peak RSS of qtool (and its baseline, and onnxruntime) at each of ``args.memory_samples``."""
+    counts = sorted(set(args.memory_samples))
+    calib = {}
+    for n in counts:
+        calib[n] = os.path.join(work, f"mem{n}.npz")
+        np.savez(calib[n], input=data[:n])
+    ort_script = os.path.join(work, "ort_calibrate.py")
+    with open(ort_script, "w") as f:
+        f.write(_ORT_SCRIPT)
+    batch, method = args.memory_batch_size, args.memory_method
+    ort_method = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}.get(method)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def qtool_cmd(folder, n):
+        # run from ``folder`` so that its qtool package is the one imported
+        return ["/bin/sh", "-c", 'cd "$0" && exec "$@"', folder, sys.executable, "-m", "qtool", "calibrate", model,
+                "--data", calib[n], "--method", method, "--batch-size", str(batch),
+                "-o", os.path.join(work, f"mem_ranges_{n}.json")]
+
+    tools = {"qtool": repo}
+    if args.baseline:
+        tools[f"qtool {args.baseline}"] = _baseline_tree(args.baseline, work)
+    for folder in tools.values():
+        measure(qtool_cmd(folder, counts[0]))  # warm numba's cache for this copy
+    print(f"\nmemory: {method}, batches of {batch}, samples {counts}; peak RSS of each process (MiB)", flush=True)
+    peaks: dict[str, dict[int, float | None]] = {name: {} for name in [*tools, "onnxruntime"]}
+    for n in counts:
+        for name, folder in tools.items():
+            peaks[name][n] = measure(qtool_cmd(folder, n))["rss_kib"] / 1024
+        ort = peaks["onnxruntime"]
+        done = sorted(k for k, v in ort.items() if v is not None)
+        estimate = None
+        if len(done) >= 2:
+            (a, ma), (b, mb) = (done[0], ort[done[0]]), (done[1], ort[done[1]])
+            estimate = mb + (mb - ma) * (n - b) / (b - a)
+        if ort_method is None:
+            ort[n] = None
+        elif estimate is not None and estimate > args.ort_limit_gb * 1024:
+            ort[n] = None
+            print(f"  onnxruntime at {n} samples skipped: about {estimate / 1024:.1f} GB expected "
+                  f"(a straight line through its smaller counts; limit {args.ort_limit_gb} GB)", flush=True)
+        else:
+            ort[n] = measure([sys.executable, ort_script, model, calib[n], ort_method, work, str(batch)])["rss_kib"] / 1024
+        print("  " + f"{n:4} samples: " + " | ".join(
+            f"{name} {peaks[name][n]:6.0f}" if peaks[name][n] is not None else f"{name} skipped" for name in peaks),
+            flush=True)
+    print()
+    lo = counts[0]
+    header = f"{'samples':>8}" + "".join(f"{name:>22}" for name in peaks)
+    print(header)
+    for n in counts:
+        cells = []
+        for name in peaks:
+            v = peaks[name][n]
+            base = peaks[name][lo]
+            cells.append(f"{'-':>22}" if v is None else
+                         f"{v:12.0f} MiB {v / base:5.2f}x" if base else f"{v:12.0f} MiB {'':6}")
+        print(f"{n:8}" + "".join(cells))
+    print(f"(ratios: peak at each count / peak at {lo} samples; goal for qtool: {64 if 64 in counts else counts[-1]} "
+          f"vs {lo} <= 1.15)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -72,6 +160,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1,
                         help="samples per inference batch, for both tools (qtool's memory is one batch's activations)")
     parser.add_argument("--keep", default=None, help="work in this folder and keep the files")
+    parser.add_argument("--memory-samples", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--memory-batch-size", type=int, default=16)
+    parser.add_argument("--memory-method", default="minmax")
+    parser.add_argument("--memory-only", action="store_true", help="only the memory figures")
+    parser.add_argument("--no-memory", action="store_true", help="only the timing figures")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also measure the memory of the qtool of this git revision, in the same run")
+    parser.add_argument("--ort-limit-gb", type=float, default=16.0,
+                        help="skip onnxruntime's calibrator where its peak memory would pass this")
     args = parser.parse_args()
 
     work = args.keep or tempfile.mkdtemp(prefix="qtool-bench-calib-")
@@ -81,7 +178,12 @@ def main() -> None:
         t = time.perf_counter()
         size = build_resnet50(model)
         rng = np.random.default_rng(1)
-        data = rng.standard_normal((max(args.samples), 3, 224, 224)).astype(np.float32)
+        data = rng.standard_normal((max(args.samples + args.memory_samples), 3, 224, 224)).astype(np.float32)
+        if args.memory_only:
+            print(f"model: {size / 1e6:.1f} MB (built in {time.perf_counter() - t:.1f} s)")
+            print(f"load average before: {', '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} cores")
+            memory(args, work, model, data)
+            return
         calib = {}
         for n in args.samples:
             calib[n] = os.path.join(work, f"calib{n}.npz")
@@ -130,6 +232,8 @@ def main() -> None:
                       f"(goal <= 1.15), {mem[hi]:.0f} MiB (goal < 1024)")
         worst = max(r["qtool"][0] / r["onnxruntime"][0] for r in rows)
         print(f"worst time ratio qtool/onnxruntime: {worst:.3f} (goal <= 0.2)")
+        if not args.no_memory:
+            memory(args, work, model, data)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

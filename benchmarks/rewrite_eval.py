@@ -148,8 +148,11 @@ def build_resnet50(path: str, seed: int = 0) -> int:
     return os.path.getsize(path)
 
 
-def measure(cmd: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", _WRAPPER, *cmd], capture_output=True, text=True, check=True)
+def measure(cmd: list[str], src: str | None = None) -> dict:
+    """Run ``cmd``; ``src``: a qtool checkout to import qtool from (another version, same run)."""
+    env = dict(os.environ, PYTHONPATH=src) if src else None
+    out = subprocess.run([sys.executable, "-c", _WRAPPER, *cmd], capture_output=True, text=True, check=True,
+                         env=env, cwd=src)
     result = json.loads(out.stdout)
     if result["rc"] != 0:
         raise SystemExit(f"command failed ({result['rc']}): {' '.join(cmd)}\n{result['stderr']}")
@@ -161,6 +164,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--keep", default=None, help="work in this folder and keep the files")
+    parser.add_argument("--also", default=None, metavar="DIR",
+                        help="also time the qtool of another checkout (e.g. the previous commit), interleaved")
     args = parser.parse_args()
 
     work = args.keep or tempfile.mkdtemp(prefix="qtool-bench-")
@@ -181,11 +186,17 @@ def main() -> None:
                      "--calibration-data", calib]  # default batch size (16)
         ort_cmd = [sys.executable, ort_script, model, os.path.join(work, "pre.onnx"),
                    os.path.join(work, "q_ort.onnx"), calib]
-        measure(qtool_cmd)  # warm numba's cache
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        measure(qtool_cmd, here)  # warm numba's cache
         runs = {"qtool": [], "onnxruntime": []}
+        if args.also:
+            measure(qtool_cmd, os.path.abspath(args.also))
+            runs["qtool@also"] = []
         for _ in range(args.repeats):
-            runs["qtool"].append(measure(qtool_cmd))
+            runs["qtool"].append(measure(qtool_cmd, here))
             runs["onnxruntime"].append(measure(ort_cmd))
+            if args.also:
+                runs["qtool@also"].append(measure(qtool_cmd, os.path.abspath(args.also)))
 
         def summary(name):
             walls = [r["wall"] for r in runs[name]]
@@ -201,6 +212,11 @@ def main() -> None:
         print(f"time ratio qtool/onnxruntime:   {q_wall / o_wall:.3f} median, {q_best / o_best:.3f} best, "
               f"{q_cpu / o_cpu:.3f} cpu  (goal <= 0.25)")
         print(f"memory ratio qtool/onnxruntime: {q_rss / o_rss:.3f}  (goal <= 1.0)")
+        if args.also:
+            a_wall, a_best, a_cpu, a_rss = summary("qtool@also")
+            print(f"{'qtool@' + args.also:14}{a_wall:10.2f}{a_best:10.2f}{a_cpu:10.2f}{a_rss:10.0f}")
+            print(f"the other checkout / onnxruntime: {a_wall / o_wall:.3f} median, {a_cpu / o_cpu:.3f} cpu, "
+                  f"memory {a_rss / o_rss:.3f}")
         if os.getloadavg()[0] > (os.cpu_count() or 1):
             print(f"note: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: other work shares the machine")
         for name in ("q_qtool.onnx", "q_ort.onnx"):

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import numpy as np
+from qtool.simulate.config import SimulateConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         qtool.rewrite_eval(MODEL, qpath, calibration_data=CALIB)
         # warm-up: imports, cached numba kernels, onnxruntime's first-session costs
         bare_runs([MODEL, qpath], x, args.batch_size)
-        res = qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[qpath], batch_size=args.batch_size)
+        res = qtool.api.simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[qpath], batch_size=args.batch_size))
 
         t_bare, t_sim = [], []
         for _ in range(args.repeat):
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
             bare_runs([MODEL, qpath], x, args.batch_size)
             t_bare.append(time.perf_counter() - t)
             t = time.perf_counter()
-            res = qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[qpath], batch_size=args.batch_size)
+            res = qtool.api.simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[qpath], batch_size=args.batch_size))
             t_sim.append(time.perf_counter() - t)
         bare, sim = statistics.median(t_bare), statistics.median(t_sim)
         print(f"samples: {len(x)}, batch size {args.batch_size}, {args.repeat} runs each (median)")
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
                 bare_runs([MODEL, qpath], x, args.batch_size)
                 t_w_bare.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                qtool.api.simulate(MODEL, EVAL, labels="labels", calibration_data=CALIB, batch_size=args.batch_size)
+                qtool.api.simulate(MODEL, EVAL, SimulateConfig(labels="labels", calibration_data=CALIB, batch_size=args.batch_size))
                 t_w_sim.append(time.perf_counter() - t)
             wb, ws = statistics.median(t_w_bare), statistics.median(t_w_sim)
             print(f"bare calibration + float + quantized: {wb * 1e3:8.1f} ms")

@@ -10,6 +10,7 @@ ranges pass between them here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from qtool import calibrate as cal
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
+from qtool.model.codec import foreign_quantization
 from qtool.model.io import (
     OpenedModel,
     as_ir_model,
@@ -32,7 +34,9 @@ from qtool.model.io import (
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
 from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
-from qtool.simulate.core import simulate  # noqa: F401 - re-exported as qtool.simulate
+from qtool.simulate.config import SimulateConfig
+from qtool.simulate.core import run_simulation
+from qtool.simulate.result import SimulateResult
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -50,6 +54,14 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
         self._last = now
+
+
+def _check_float(opened: OpenedModel) -> None:
+    """qtool quantizes float models (or its own output, idempotently); never a second time."""
+    reason = foreign_quantization(opened.model.graph)
+    if reason is not None:
+        raise QtoolError(f"'{opened.label}' is already quantized: {reason}. qtool quantizes float models: "
+                         "give it the float model (to compare quantized models, use qtool simulate --quantized)")
 
 
 def _load_data(source, opened: OpenedModel) -> CalibrationData | None:
@@ -82,6 +94,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     if ranges is not None and calibration_data is not None:
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
     opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
+    _check_float(opened)
     clock.lap("load")
     given = cal.load_ranges(ranges) if ranges is not None else None
     prepared = prepare_eval(opened.model, quant, opened.label)
@@ -103,7 +116,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
     clock.lap("encode")
-    warnings, notes = eval_messages(prepared, encoding, found, list(data.ignored) if data is not None else [])
+    warnings, notes = eval_messages(prepared, encoding, found, observed,
+                                    list(data.ignored) if data is not None else [])
     files = _save(opened)
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
@@ -123,6 +137,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     (``docs/training.md``); a qtool training graph is returned as it is.
     """
     opened = open_model(model, output, in_place, inputs=[calibration_data])
+    _check_float(opened)
     contract = existing_contract(opened.model, opened.label)
     if contract is not None:  # already rewritten: report, do not rewrite twice
         if in_place:
@@ -135,7 +150,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
         observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress)
-        ranges = prepared.rename(observed.ranges)
+        ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
     encoded = encode_train(prepared, schedule, ranges)
     files = _save(opened)
     ignored = list(data.ignored) if data is not None else []
@@ -189,6 +204,48 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
         ir_model = as_ir_model(model).clone()
     result = _calibrate(ir_model, data, None, quant, calibration, progress)
     return cal.write_ranges_file(out, result, label, quant, calibration.batch_size)
+
+
+def simulate(model, data, config: SimulateConfig | None = None, *, json_path=None, html_path=None,
+             progress=None) -> SimulateResult:
+    """Compare a float model with quantized versions of it on ``data`` (``docs/simulate.md``).
+
+    ``config``: the quantized models to compare, or the bit widths of a what-if table quantized
+    here in memory (one calibration for every pair), labels, output, batch axis, sensitivity.
+    ``json_path``/``html_path``: also write the report there. ``progress(stage, done, total)``.
+    """
+    config = config or SimulateConfig()
+    check_simulate_outputs(model, data, config, json_path, html_path)
+    if html_path is not None and not config.histograms:
+        config = dataclasses.replace(config, histograms=True)
+    result = run_simulation(model, data, config, _quantize_pairs, progress)
+    if json_path is not None:
+        result.write_json(json_path)
+    if html_path is not None:
+        result.write_html(html_path)
+    return result
+
+
+def check_simulate_outputs(model, data, config: SimulateConfig, *outputs) -> None:
+    """The report files ``outputs`` are none of the files ``simulate`` reads (the models with their
+    external data, the data) and can be written (``qtool.model.io.check_outputs``)."""
+    read = [f for m in (model, *config.quantized) if isinstance(m, (str, os.PathLike)) for f in model_files(m)]
+    check_outputs(list(outputs), read + [data, config.calibration_data])
+
+
+def _quantize_pairs(model, data: CalibrationData, pairs: list, batch_size: int, progress=None) -> list:
+    """The what-if table's models: one fold, plan and calibration, then each (weight, activation)
+    pair written from those ranges (the plan does not depend on the bit widths)."""
+    planned = model.clone()
+    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs))
+    tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
+    ranges = cal.collect_ranges(planned, tensors, data, CalibrationConfig(batch_size=batch_size), widest,
+                                progress).ranges if tensors else {}
+    out = []
+    for wb, ab in pairs:
+        result = rewrite_eval(model, quant=QuantConfig(wb, ab), ranges=ranges or None)
+        out.append((result.model, result.warnings))
+    return out
 
 
 def finetune(model, data, output, config=None, *, progress=None):

@@ -39,6 +39,10 @@ class QuantConfig:
     per_channel: bool = True
     scope: str | None = None
     exclude: frozenset[str] = frozenset()
+    # weights on a symmetric grid (zero point 0): TFLite's int8 spec for per-channel weights, and what
+    # onnxruntime's integer kernels need to be fast (asymmetric per-channel weight zero points send
+    # QLinearConv to a reference path: 10x slower than float on an EfficientNet, docs/rewrite-eval.md)
+    symmetric_weights: bool = True
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -46,9 +50,14 @@ class QuantConfig:
                 raise QtoolError(f"{label} bits must be between 2 and 16, got {bits!r}")
         # normalized here once, whatever the caller passes (CLI flags, None, lists)
         object.__setattr__(self, "symmetric", bool(self.symmetric))
+        object.__setattr__(self, "symmetric_weights", bool(self.symmetric_weights))
         object.__setattr__(self, "per_channel", bool(self.per_channel))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
+
+    @property
+    def weights_symmetric(self) -> bool:
+        return self.symmetric or self.symmetric_weights
 
     def out_of_scope(self, node) -> str | None:
         """Why ``node`` is outside the rewrite's scope (None when inside)."""
@@ -64,6 +73,7 @@ class QuantConfig:
             "weight_bits": self.weight_bits,
             "activation_bits": self.activation_bits,
             "symmetric": self.symmetric,
+            "symmetric_weights": self.weights_symmetric,
             "per_channel": self.per_channel,
             "scope": self.scope,
             "exclude": sorted(self.exclude),

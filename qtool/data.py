@@ -5,6 +5,11 @@ axis; a model with one input may also take a plain ``.npy`` or an ``.npz``
 holding a single array under any name. Arrays named like no input are
 ignored (an evaluation file with ``labels`` works), and reported.
 
+Files are read lazily: only the header (dtype, shape) of the arrays the
+model needs is read up front, arrays it does not need are never read, and
+each batch's rows are read from the file when the batch is fed (streamed out
+of the zip member, compressed or not), so memory does not grow with the file.
+
 Every mismatch is a :class:`~qtool.errors.QtoolError` that names the input
 and says what was expected: missing arrays, wrong dtype, wrong rank, a static
 dimension that differs, inputs with different sample counts, a fixed batch
@@ -55,9 +60,109 @@ def input_specs(model) -> list[InputSpec]:
     return specs
 
 
+class StoredArray:
+    """An array in a ``.npy`` file or an ``.npz`` member, known by its header until rows are read.
+
+    ``member`` is the zip member's name (None for a plain ``.npy`` file).
+    :meth:`rows` reads the file front to back, one block of samples at a
+    time; only the current block is in memory. Fortran-ordered arrays (whose
+    samples are not contiguous) and the rare version 3.0 headers are read
+    whole when iterated.
+    """
+
+    def __init__(self, path: str, member: str | None, label: str) -> None:
+        self.path, self.member, self.label = path, member, label
+        try:
+            with self._open() as stream:
+                self.shape, self.fortran_order, self.dtype, self.whole = _read_header(stream, self._describe())
+        except QtoolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds on bad members
+            raise QtoolError(f"{self._describe()}: {exc}") from exc
+        self.ndim = len(self.shape)
+
+    def _describe(self) -> str:
+        where = f"array '{self.label}' of " if self.member is not None else ""
+        return f"cannot read calibration data {where}'{self.path}'"
+
+    def _open(self):
+        if self.member is None:
+            return open(self.path, "rb")
+        archive = zipfile.ZipFile(self.path)
+        try:
+            stream = archive.open(self.member)
+        except Exception:
+            archive.close()
+            raise
+        return _Closing(stream, archive)
+
+    def rows(self, size: int) -> Iterator[np.ndarray]:
+        """Blocks of ``size`` samples (the last one may be shorter), read as they are asked for."""
+        with self._open() as stream:
+            try:
+                if self.whole:
+                    array = np.lib.format.read_array(stream, allow_pickle=False)
+                    for start in range(0, self.shape[0], size):
+                        yield np.ascontiguousarray(array[start : start + size])
+                    return
+                _read_header(stream, self._describe())
+                for start in range(0, self.shape[0], size):
+                    block = np.empty((min(size, self.shape[0] - start), *self.shape[1:]), self.dtype)
+                    _read_into(stream, block.reshape(-1).view(np.uint8), self._describe())
+                    yield block
+            except QtoolError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many kinds on bad files
+                raise QtoolError(f"{self._describe()}: {exc}") from exc
+
+
+class _Closing:
+    """A member stream that also closes its zip archive."""
+
+    def __init__(self, stream, archive) -> None:
+        self.stream, self.archive = stream, archive
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+        self.archive.close()
+
+
+def _read_header(stream, describe: str):
+    """``(shape, fortran_order, dtype, whole)`` from an ``.npy`` header; the stream is left at the data."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:  # 3.0 (utf-8 field names): read whole with numpy's own reader
+            stream.seek(0)
+            array = np.lib.format.read_array(stream, allow_pickle=False)
+            return array.shape, False, array.dtype, True
+    except Exception as exc:  # noqa: BLE001
+        raise QtoolError(f"{describe}: not a valid .npy array ({exc})") from exc
+    if dtype.hasobject:
+        raise QtoolError(f"{describe}: it holds Python objects (dtype {dtype}), not numbers")
+    return tuple(int(d) for d in shape), bool(fortran), dtype, bool(fortran) and len(shape) > 1
+
+
+def _read_into(stream, buffer: np.ndarray, describe: str) -> None:
+    """Fill ``buffer`` (uint8) from ``stream``; a file that ends first is an error."""
+    view = memoryview(buffer)
+    done = 0
+    while done < len(view):
+        got = stream.readinto(view[done:])
+        if not got:
+            raise QtoolError(f"{describe}: the file ends early (truncated)")
+        done += got
+
+
 @dataclass
 class CalibrationData:
-    arrays: dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray | StoredArray]  # StoredArray: read batch by batch from the file
     num_samples: int
     fixed_batch: int | None = None  # the model's static batch size, if it has one
     ignored: list[str] = field(default_factory=list)
@@ -65,39 +170,57 @@ class CalibrationData:
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         size = self.fixed_batch or batch_size
-        for start in range(0, self.num_samples, size):
-            yield {name: arr[start : start + size] for name, arr in self.arrays.items()}
+        readers = {
+            name: arr.rows(size) if isinstance(arr, StoredArray) else _slices(arr, size)
+            for name, arr in self.arrays.items()
+        }
+        try:
+            for _ in range(0, self.num_samples, size):
+                yield {name: next(reader) for name, reader in readers.items()}
+        finally:
+            for reader in readers.values():
+                reader.close()
 
     def num_batches(self, batch_size: int) -> int:
         size = self.fixed_batch or batch_size
         return -(-self.num_samples // size)
 
 
-def _read(path: str) -> dict[str, np.ndarray]:
+def _slices(array: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(array), size):
+        yield array[start : start + size]
+
+
+def _members(path: str) -> dict[str, str] | None:
+    """The arrays of ``path`` by name (numpy's names: ``x`` for member ``x.npy``), or None for a ``.npy``.
+
+    Reads the zip directory only; no member is opened.
+    """
     if not os.path.exists(path):
         raise QtoolError(f"calibration data file '{path}' does not exist")
     if os.path.isdir(path):
         raise QtoolError(f"calibration data path '{path}' is a folder, not a file")
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise QtoolError(f"cannot read calibration data '{path}': not a valid .npz or .npy file")
+        return None
     try:
-        if zipfile.is_zipfile(path):
-            with np.load(path, allow_pickle=False) as archive:
-                return {name: archive[name] for name in archive.files}
-        array = np.load(path, allow_pickle=False, mmap_mode="r")
-    except QtoolError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numpy raises many kinds on bad files
-        raise QtoolError(f"cannot read calibration data '{path}': not a valid .npz or .npy file ({exc})") from exc
-    if not isinstance(array, np.ndarray):
-        raise QtoolError(f"cannot read calibration data '{path}': not a .npz or .npy file")
-    return {"": array}
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds on bad files
+        raise QtoolError(f"cannot read calibration data '{path}': not a valid .npz file ({exc})") from exc
+    return {(n[:-4] if n.endswith(".npy") else n): n for n in names}
 
 
 def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
     """Read ``source`` (a path, an array, or a mapping of arrays) and check it against ``specs``."""
     label = None
+    members = None  # name -> zip member, for a file: arrays are opened only once chosen
     if isinstance(source, (str, os.PathLike)):
         label = os.fspath(source)
-        arrays = _read(label)
+        members = _members(label)
+        arrays = {"": None} if members is None else dict.fromkeys(members)
     elif isinstance(source, np.ndarray):
         arrays = {"": source}
     elif isinstance(source, Mapping):
@@ -108,10 +231,10 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
     if not specs:
         raise QtoolError("the model has no inputs to feed calibration data to")
     names = [s.name for s in specs]
-    chosen: dict[str, np.ndarray] = {}
+    keys: dict[str, str] = {}  # model input -> array name
     ignored: list[str] = []
     if len(specs) == 1 and (list(arrays) == [""] or (len(arrays) == 1 and names[0] not in arrays)):
-        chosen[names[0]] = next(iter(arrays.values()))
+        keys[names[0]] = next(iter(arrays))
     else:
         if "" in arrays:
             raise QtoolError(
@@ -125,9 +248,13 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
                 f"calibration data{where} has no array for model input {missing[0]!r} "
                 f"(model inputs: {', '.join(repr(n) for n in names)}; arrays: {have})"
             )
-        for name in names:
-            chosen[name] = arrays[name]
+        keys = {name: name for name in names}
         ignored = [k for k in arrays if k not in names]
+    if label is None:
+        chosen = {name: arrays[key] for name, key in keys.items()}
+    else:  # only the chosen arrays' headers are read; the others are never opened
+        chosen = {name: StoredArray(label, None if members is None else members[key], key)
+                  for name, key in keys.items()}
 
     counts = {}
     fixed_batch = None

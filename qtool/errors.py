@@ -7,7 +7,3 @@ class QtoolError(Exception):
     The CLI prints ``str(error)`` on one line and exits non-zero (no traceback
     unless ``--debug``).
     """
-
-
-class NotBuiltYet(QtoolError):
-    """A command registered in the CLI whose implementation has not landed."""

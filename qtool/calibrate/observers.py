@@ -15,7 +15,7 @@ is in ``qtool.kernels.histogram``. More methods register a factory with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -24,10 +24,57 @@ from qtool.kernels import minmax
 from qtool.kernels.histogram import Histogram
 
 
+class DataIssues:
+    """What was wrong with one tensor's values: non-finite ones (by kind, first batch) and the largest magnitude.
+
+    Observers count every batch's values and classify the non-finite ones only
+    in batches that have some (their min/max or histogram pass finds them), so
+    clean data costs no extra pass. ``minmax`` and ``ema`` see NaN only when a
+    batch has no number at all (their kernel skips NaN).
+    """
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.values = 0
+        self.nan = self.posinf = self.neginf = 0
+        self.first_bad: int | None = None  # 1-based batch number
+        self.absmax = 0.0  # largest finite magnitude
+
+    def batch(self, batch: np.ndarray) -> None:
+        self.batches += 1
+        self.values += int(batch.size)
+
+    def finite(self, lo: float, hi: float) -> None:
+        for v in (lo, hi):
+            if math.isfinite(v) and abs(v) > self.absmax:
+                self.absmax = abs(v)
+
+    def nonfinite(self, batch: np.ndarray) -> None:
+        """Tally the NaN and +-inf of the current batch (called only when it has some)."""
+        a = np.asarray(batch)
+        if a.dtype.kind not in "fc":
+            return
+        nan, pos, neg = (int(np.count_nonzero(f(a))) for f in (np.isnan, np.isposinf, np.isneginf))
+        if nan + pos + neg and self.first_bad is None:
+            self.first_bad = self.batches
+        self.nan += nan
+        self.posinf += pos
+        self.neginf += neg
+
+    @property
+    def bad(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+
 class Observer:
-    """Base class: one per calibrated tensor."""
+    """Base class: one per calibrated tensor.
+
+    ``issues`` (a :class:`DataIssues`, optional for registered observers)
+    feeds the calibration warnings about the data.
+    """
 
     name = "base"
+    issues: DataIssues | None = None
 
     def update(self, batch: np.ndarray) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -38,7 +85,7 @@ class Observer:
 
 
 class MinMaxObserver(Observer):
-    """Running min and max over all batches (NaN ignored), with qtool's parallel kernel."""
+    """Running min and max over all batches (NaN and +-inf ignored), with qtool's parallel kernel."""
 
     name = "minmax"
 
@@ -46,12 +93,20 @@ class MinMaxObserver(Observer):
         self.min = math.inf
         self.max = -math.inf
         self.count = 0
+        self.issues = DataIssues()
 
     def update(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
+        self.issues.batch(batch)
         lo, hi = minmax(batch)
         lo, hi = float(lo), float(hi)
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # +-inf, or no number at all: left out, tallied
+            self.issues.nonfinite(batch)
+            lo, hi = _finite_minmax(batch)
+            if lo is None:
+                return
+        self.issues.finite(lo, hi)
         if lo < self.min:
             self.min = lo
         if hi > self.max:
@@ -87,16 +142,20 @@ class EmaObserver(Observer):
         self.max = 0.0
         self.steps = 0
         self.count = 0
+        self.issues = DataIssues()
 
     def update(self, batch: np.ndarray) -> None:
         if batch.size == 0:
             return
+        self.issues.batch(batch)
         lo, hi = minmax(batch)
         lo, hi = float(lo), float(hi)
         if not (math.isfinite(lo) and math.isfinite(hi)):
+            self.issues.nonfinite(batch)
             lo, hi = _finite_minmax(batch)
             if lo is None:
                 return
+        self.issues.finite(lo, hi)
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         self.min = self.decay * self.min + (1.0 - self.decay) * lo
         self.max = self.decay * self.max + (1.0 - self.decay) * hi
@@ -132,9 +191,18 @@ class HistogramObserver(Observer):
         self.histogram = Histogram(int(num_bins))
         self.num_bits = int(num_bits)
         self.symmetric = bool(symmetric)
+        self.issues = DataIssues()
 
     def update(self, batch: np.ndarray) -> None:
+        if np.size(batch) == 0:
+            return
+        self.issues.batch(batch)
+        before = self.histogram.nonfinite
         self.histogram.update(batch)
+        if self.histogram.nonfinite != before:
+            self.issues.nonfinite(batch)
+        if self.histogram.total:
+            self.issues.finite(self.histogram.min, self.histogram.max)
 
     def range(self) -> tuple[float, float] | None:
         if self.histogram.total == 0:
@@ -189,6 +257,76 @@ class MseObserver(HistogramObserver):
 
     def _range(self):
         return self.histogram.mse_range(num_bits=self.num_bits, symmetric=self.symmetric)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+_SQRT_F32_MAX = math.sqrt(_F32_MAX)  # 1.8e19: the product of two larger float32 values is inf
+
+
+def _kinds(issues: DataIssues) -> str:
+    kinds = [(n, k) for n, k in ((issues.posinf, "+inf"), (issues.neginf, "-inf"), (issues.nan, "NaN")) if n]
+    if len(kinds) == 1:
+        return kinds[0][1]
+    return "non-finite (" + ", ".join(f"{n:,} {k}" for n, k in kinds) + ")"
+
+
+def data_warnings(ranges: Mapping[str, tuple[float, float] | None], observers: Mapping[str, Observer],
+                  limit: int = 5) -> list[str]:
+    """One line per problem with the calibration data, naming the tensor and what is wrong.
+
+    - non-finite values among finite ones (left out of every range);
+    - tensors with no finite value at all (no range: ``rewrite-eval`` uses the default one);
+    - magnitudes beyond 1.8e19, where float32 products overflow (unscaled or corrupt data), and
+      ranges wider than float32's largest value, which 8-bit quantization's float32 arithmetic
+      (``scale = (max - min) / 255``) cannot hold.
+    At most ``limit`` tensors are described one by one; the rest are named in one line.
+    """
+    lines: list[str] = []
+    partial, empty, unknown, huge = [], [], [], []
+    for name, obs in observers.items():
+        issues = getattr(obs, "issues", None)
+        rng = ranges.get(name)
+        if not isinstance(issues, DataIssues) or issues.values == 0:
+            if rng is None:
+                unknown.append(name)
+            continue
+        if rng is None:
+            empty.append((name, issues))
+        elif issues.bad:
+            partial.append((name, issues))
+        if issues.absmax > _SQRT_F32_MAX:
+            huge.append((name, issues, rng))
+
+    def more(items, what):
+        if len(items) > limit:
+            rest = [n for n, *_ in items[limit:]]
+            lines.append(f"{len(rest)} more tensor(s) {what}: " + ", ".join(rest[:limit]) + (" ..." if len(rest) > limit else ""))
+
+    for name, issues in partial[:limit]:
+        verb = "is" if issues.bad == 1 else "are"
+        lines.append(f"tensor '{name}': {issues.bad:,} of {issues.values:,} values {verb} {_kinds(issues)} "
+                     f"(first in batch {issues.first_bad}); the range ignores non-finite values")
+    more(partial, "have non-finite values the range ignores")
+    for name, issues in empty[:limit]:
+        what = f"{_kinds(issues)}" if issues.bad == issues.values else "non-finite"
+        lines.append(f"tensor '{name}': all {issues.values:,} values are {what}: no range "
+                     "(rewrite-eval gives it the default range)")
+    more(empty, "have no finite value and no range")
+    if unknown:
+        lines.append(f"{len(unknown)} tensor(s) saw no finite value and have no range (rewrite-eval gives them "
+                     "the default range): " + ", ".join(unknown[:limit]) + (" ..." if len(unknown) > limit else ""))
+    if huge:
+        huge.sort(key=lambda item: -item[1].absmax)
+        name, issues, _ = huge[0]
+        others = f" and {len(huge) - 1} more tensor(s)" if len(huge) > 1 else ""
+        lines.append(f"values reach {issues.absmax:.3g} (tensor '{name}'{others}): beyond {_SQRT_F32_MAX:.2g} a "
+                     "product of two float32 values overflows to inf, so the data is likely unscaled or corrupt")
+        wide = [n for n, _, rng in huge if rng is not None and rng[1] - rng[0] > _F32_MAX]
+        if wide:
+            lines.append(f"the range of tensor '{wide[0]}'" + (f" and {len(wide) - 1} more" if len(wide) > 1 else "")
+                         + f" is wider than float32's largest value ({_F32_MAX:.3g}): it overflows the float32 "
+                         "arithmetic of quantization (scale = (max - min) / levels is inf)")
+    return lines
 
 
 _OBSERVERS: dict[str, Callable[..., Observer]] = {

@@ -213,11 +213,7 @@ def write_ranges_file(path: str, result, model_label: str | None, quant, batch_s
                           quantization=quantization, samples=result.num_samples, batches=result.num_batches,
                           batch_size=batch_size)
     save_ranges(path, doc)
-    warnings = []
-    missing = [name for name, r in result.ranges.items() if r is None]
-    if missing:
-        warnings.append(f"{len(missing)} tensor(s) saw no finite value and have no range (rewrite-eval gives them "
-                        "the default range): " + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+    warnings = result.warnings()
     if result.ignored_arrays:
         warnings.append(f"ignored array(s) not named like a model input: {', '.join(result.ignored_arrays)}")
     return RangesFileSummary(model_label, path, result.method, result.options, len(result.ranges),

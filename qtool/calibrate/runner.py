@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.calibrate.observers import Observer, make_observer
+from qtool.calibrate.observers import Observer, data_warnings, make_observer
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.data import CalibrationData
 from qtool.errors import QtoolError
-from qtool.model.session import tapped_session, value_map
+from qtool.model.session import TappedSession, tapped_session, value_map
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -45,6 +45,23 @@ class CalibrationResult:
             "ignored_arrays": self.ignored_arrays,
             **({"options": self.options} if self.options else {}),
         }
+
+    def warnings(self) -> list[str]:
+        """What is wrong with the data, by tensor (non-finite values, no finite value, overflow)."""
+        return data_warnings(self.ranges, self.observers)
+
+
+def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: dict, number: int) -> None:
+    """Run one batch and hand each output to its observer.
+
+    A function of its own so that no OrtValue outlives it: each OrtValue of
+    ``run_with_ort_values`` keeps the whole output vector alive, so one left
+    in a loop variable kept all of a batch's tapped outputs (1.1 GB at batch
+    16 on ResNet-50) during the next batch's run, and peak memory doubled.
+    """
+    outputs = session.run(feed, names, what=f"calibration batch {number}")
+    for name, value in zip(names, outputs):
+        observers[name].update(value.numpy())
 
 
 def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
@@ -79,10 +96,7 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
             for name in from_inputs:
                 observers[name].update(np.asarray(feed[name]))
             if session is not None:
-                outputs = session.run(feed, from_outputs, what=f"calibration batch {batches + 1}")
-                for name, value in zip(from_outputs, outputs):
-                    observers[name].update(value.numpy())
-                del outputs
+                _run_batch(session, from_outputs, feed, observers, batches + 1)
             batches += 1
             done += len(next(iter(feed.values())))
             if progress is not None:

@@ -81,6 +81,13 @@ symmetric_option = click.option(
     show_default=True,
     help="Symmetric ranges instead of independent min/max.",
 )
+symmetric_weights_option = click.option(
+    "--symmetric-weights/--asymmetric-weights",
+    default=True,
+    show_default=True,
+    help="Weights on a symmetric grid (zero point 0: TFLite's int8 spec, and what onnxruntime's fast integer "
+    "kernels need), or TF's asymmetric min/max grid.",
+)
 per_channel_option = click.option(
     "--per-channel/--per-tensor",
     default=True,
@@ -164,8 +171,8 @@ def quantization_options(f):
     """The options that decide what is quantized and how: ``QuantConfig``'s fields."""
     exclude = click.option("--exclude", multiple=True, metavar="NODE_NAME",
                            help="Keep this node in float (repeatable).")
-    for option in reversed((weight_bits_option, activation_bits_option, symmetric_option, per_channel_option,
-                            scope_option, exclude)):
+    for option in reversed((weight_bits_option, activation_bits_option, symmetric_option, symmetric_weights_option,
+                            per_channel_option, scope_option, exclude)):
         f = option(f)
     return f
 
@@ -173,7 +180,8 @@ def quantization_options(f):
 def quant_config(params: dict):
     """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
-                       params.pop("per_channel"), params.pop("scope"), params.pop("exclude"))
+                       params.pop("per_channel"), params.pop("scope"), params.pop("exclude"),
+                       params.pop("symmetric_weights"))
 
 
 def calibration_config(params: dict):
@@ -192,12 +200,6 @@ def print_result(result, as_json: bool) -> None:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(result.format_text())
-
-
-def not_built(command: str, issue: str) -> None:
-    """Say plainly that a command has not landed yet and exit non-zero."""
-    click.echo(f"qtool: '{command}' is not implemented yet ({issue}); nothing was written.", err=True)
-    sys.exit(3)
 
 
 class ProgressBars:

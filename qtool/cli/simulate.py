@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from qtool.cli._common import ProgressBars, batch_size_option, calibration_data_option
+from qtool import api
+from qtool.errors import QtoolError
+from qtool.simulate.config import SimulateConfig
+
+from qtool.cli._common import batch_size_option, calibration_data_option
+from qtool.cli._progress import StageProgress
 
 
 @click.command("simulate")
@@ -15,19 +18,24 @@ from qtool.cli._common import ProgressBars, batch_size_option, calibration_data_
               help=".npz with one array per model input (samples first), and optionally the labels.")
 @click.option("--labels", default=None, metavar="NAME", help="Array in --data holding integer class ids.")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: first).")
+@click.option("--batch-axis", multiple=True, metavar="[OUTPUT=]AXIS",
+              help="Samples axis of the outputs when it is not 0 (e.g. 1 for a time-major RNN's state); "
+                   "AXIS for all outputs or OUTPUT=AXIS for one (repeatable).  [default: 0]")
 @click.option("--quantized", multiple=True, type=click.Path(dir_okay=False),
               help="Quantized model to compare (repeatable). Without it: a what-if table quantized in memory.")
-@click.option("--weight-bits", default=None, metavar="LIST", help="Comma-separated weight bit widths for the what-if table.  [default: 8]")
+@click.option("--weight-bits", default=None, metavar="LIST",
+              help="Comma-separated weight bit widths for the what-if table.  [default: 8]")
 @click.option("--activation-bits", default=None, metavar="LIST",
               help="Comma-separated activation bit widths for the what-if table.  [default: 8]")
 @calibration_data_option
 @click.option("--sensitivity", is_flag=True, help="Also quantize one layer at a time and rank layers by damage.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every number as JSON.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a self-contained HTML report (plots need the qtool[report] extra).")
+              help="Write a self-contained HTML report: summary, advice, plots.")
+@click.option("-v", "--verbose", is_flag=True, help="Every row of every table, and the notes.")
 @batch_size_option
-def simulate_cmd(model, data, labels, output_name, quantized, weight_bits, activation_bits, calibration_data,
-                 sensitivity, json_path, html_path, batch_size):
+def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight_bits, activation_bits,
+                 calibration_data, sensitivity, json_path, html_path, verbose, batch_size):
     """Report accuracy and per-tensor error of quantized versions of MODEL.
 
     \b
@@ -35,31 +43,30 @@ def simulate_cmd(model, data, labels, output_name, quantized, weight_bits, activ
       qtool simulate model.onnx --data eval.npz --labels labels --weight-bits 4,8 \\
           --activation-bits 8,16 --calibration-data calib.npz --html report.html
     """
-    from qtool.errors import QtoolError
-    from qtool.simulate.core import simulate
-
     if quantized and (weight_bits is not None or activation_bits is not None):
         raise QtoolError("--weight-bits/--activation-bits build the what-if table; they do not apply with --quantized")
-    bars = ProgressBars(enabled=sys.stderr.isatty())
+    config = SimulateConfig(
+        labels=labels, output=output_name, quantized=quantized,
+        weight_bits=weight_bits if weight_bits is not None else "8",
+        activation_bits=activation_bits if activation_bits is not None else "8",
+        calibration_data=calibration_data, sensitivity=sensitivity, batch_size=batch_size,
+        histograms=html_path is not None, batch_axis=list(batch_axis) or None,
+    )
+    api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work
+    progress = StageProgress("simulate")
     try:
-        result = simulate(
-            model,
-            data,
-            labels=labels,
-            output=output_name,
-            quantized=quantized,
-            weight_bits=weight_bits if weight_bits is not None else "8",
-            activation_bits=activation_bits if activation_bits is not None else "8",
-            calibration_data=calibration_data,
-            sensitivity=sensitivity,
-            batch_size=batch_size,
-            json_path=json_path,
-            html_path=html_path,
-            progress=bars.update,
-        )
-    finally:
-        bars.close()
-    click.echo(result.format_text())
+        result = api.simulate(model, data, config, progress=progress.update)
+        if json_path:
+            progress.update("writing JSON", 0, 0)
+            result.write_json(json_path)
+        if html_path:
+            progress.update("writing HTML", 0, 0)
+            result.write_html(html_path)
+    except BaseException:
+        progress.close()
+        raise
+    progress.finish()
+    click.echo(result.format_text(verbose=verbose))
     for path, what in ((json_path, "JSON"), (html_path, "HTML")):
         if path:
             click.echo(f"{what} report: {path}")

@@ -1,4 +1,15 @@
-"""Ranges and their integer encoding (spec sections 4 and 6), on qtool's kernels.
+"""The Quantizer codec: the one place that reads and writes quantization encodings.
+
+- **ranges -> parameters** (spec sections 4 and 6, on qtool's kernels):
+  ``widen``, ``qparams``, ``weight_params``, ``activation_params``;
+- **containers**: :class:`Storage` (type, shift, grid, clip) for a bit width;
+- **writing**: ``qdq_nodes`` (``QuantizeLinear -> [Clip] -> DequantizeLinear``),
+  ``dequantize_node`` (stored weights and int32 biases);
+- **reading**: the Q/DQ op names and the ops a quantizer may sit behind or
+  contain (``GraphView`` uses them to see through quantizers), ``dq_params``,
+  ``storage_of`` (an existing quantizer's container), ``dq_input_type``.
+
+The rules below hold for every encoding:
 
 - Ranges contain 0 (TF widens them so that 0 is exactly representable), or
   are made symmetric with TF's formula (section 4).
@@ -205,3 +216,96 @@ def eight_bit_kernel_types(x_dq: ir.Node, weight: ir.Value | None) -> bool:
     eight = (ir.DataType.INT8, ir.DataType.UINT8)
     w_dq = weight.producer() if weight is not None else None
     return dq_input_type(x_dq) in eight and dq_input_type(w_dq) in eight
+
+
+# --- writing Q/DQ nodes -----------------------------------------------------------------------------
+_EIGHT = (ir.DataType.UINT8, ir.DataType.INT8)
+
+
+def qdq_names(store: Storage) -> tuple[list[str], list[str]]:
+    """The node and value name suffixes of a quantizer with ``store`` (to reserve a unique prefix)."""
+    clip = store.needs_clip
+    cast = clip and store.dtype not in _EIGHT
+    nodes = [QUANTIZE, DEQUANTIZE] + (["Clip"] if clip else []) + (["Cast", "Cast_back"] if cast else [])
+    values = ["quantized", "dequantized", "scale", "zero_point"]
+    if clip:
+        values += ["clip_min", "clip_max", "clipped"]
+    if cast:
+        values += ["quantized_int32", "clipped_int32"]
+    return nodes, values
+
+
+def qdq_nodes(value: ir.Value, base: str, scale: ir.Value, zero_point: ir.Value, store: Storage,
+              initializer) -> tuple[list[ir.Node], ir.Value]:
+    """``QuantizeLinear -> [Clip] -> DequantizeLinear`` reading ``value``, named ``<base>/...``;
+    returns the nodes (in order) and the dequantized output. ``initializer(name, array)`` adds the
+    clip bounds. Odd widths clip the integers to TF's grid: in the 8-bit container directly, in
+    int32 for 16-bit containers (onnxruntime has no 16-bit Clip)."""
+    q = ir.node(QUANTIZE, [value, scale, zero_point], name=f"{base}/{QUANTIZE}")
+    q.outputs[0].name = f"{base}/quantized"
+    q.outputs[0].dtype = store.dtype
+    q.outputs[0].shape = value.shape
+    nodes = [q]
+    last = q.outputs[0]
+    if store.needs_clip:
+        lo, hi = store.grid
+        eight = store.dtype in _EIGHT
+        np_dtype = store.numpy_dtype() if eight else np.int32
+        bounds = [initializer(f"{base}/clip_min", np.array(lo, dtype=np_dtype)),
+                  initializer(f"{base}/clip_max", np.array(hi, dtype=np_dtype))]
+        if not eight:
+            up = ir.node("Cast", [last], {"to": ir.DataType.INT32}, name=f"{base}/Cast")
+            up.outputs[0].name = f"{base}/quantized_int32"
+            nodes.append(up)
+            last = up.outputs[0]
+        clip = ir.node("Clip", [last, *bounds], name=f"{base}/Clip")
+        clip.outputs[0].name = f"{base}/clipped" if eight else f"{base}/clipped_int32"
+        nodes.append(clip)
+        last = clip.outputs[0]
+        if not eight:
+            down = ir.node("Cast", [last], {"to": store.dtype}, name=f"{base}/Cast_back")
+            down.outputs[0].name = f"{base}/clipped"
+            nodes.append(down)
+            last = down.outputs[0]
+        last.dtype = store.dtype
+    dq = dequantize_node(last, scale, zero_point, base, None, None)
+    dq.outputs[0].shape = value.shape
+    return nodes + [dq], dq.outputs[0]
+
+
+def dequantize_node(codes: ir.Value, scale: ir.Value, zero_point: ir.Value, base: str, axis: int | None,
+                    shape) -> ir.Node:
+    """``DequantizeLinear`` of ``codes`` named ``<base>/DequantizeLinear`` (per-axis when ``axis``)."""
+    attrs = {"axis": int(axis)} if axis is not None else {}
+    dq = ir.node(DEQUANTIZE, [codes, scale, zero_point], attrs, name=f"{base}/{DEQUANTIZE}")
+    dq.outputs[0].name = f"{base}/dequantized"
+    dq.outputs[0].dtype = ir.DataType.FLOAT
+    if shape is not None:
+        dq.outputs[0].shape = ir.Shape(shape)
+    return dq
+
+
+# --- models that are already quantized ----------------------------------------------------------------
+QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat",
+                 "DynamicQuantizeLinear", "DynamicQuantizeMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
+                 "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
+                 "QLinearSoftmax", "QAttention", "DynamicQuantizeLSTM", "MatMulNBits")
+# the pieces of the names qtool gives its quantizers (``conv1/weights_quant/DequantizeLinear`` ...)
+QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_quant/", "input_quant/",
+                         "bias_quant/", "_quant/")
+
+
+def foreign_quantization(graph: ir.Graph) -> str | None:
+    """Why ``graph`` is already quantized by something other than qtool (None when it is float or
+    quantized by qtool, whose rewrites are idempotent): QOperator ops, or Q/DQ nodes qtool did not name."""
+    qops = [n for n in graph.all_nodes() if n.op_type in QOPERATOR_OPS]
+    if qops:
+        kinds = sorted({n.op_type for n in qops})
+        return (f"it is a quantized model in onnxruntime's QOperator format ({len(qops)} node(s): "
+                f"{', '.join(kinds[:4])}{' ...' if len(kinds) > 4 else ''})")
+    qdq = [n for n in graph.all_nodes() if is_onnx(n, QUANTIZE, DEQUANTIZE)]
+    foreign = [n for n in qdq if not any(mark in (n.name or "") for mark in QTOOL_QUANTIZER_MARKS)]
+    if foreign:
+        return (f"it already has {len(qdq)} QuantizeLinear/DequantizeLinear node(s) that qtool did not write "
+                f"(e.g. '{foreign[0].name or foreign[0].outputs[0].name}')")
+    return None

@@ -110,25 +110,44 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def external_tensors(model: ir.Model):
+    """(name, tensor) of every tensor of ``model`` kept in external data: initializers and tensor
+    attributes (``Constant`` nodes), in every graph."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            if isinstance(value.const_value, ir.ExternalTensor):
+                yield value.name, value.const_value
+    for node in model.graph.all_nodes():
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.TENSOR:
+                tensors = [attr.as_tensor()]
+            elif attr.type == ir.AttributeType.TENSORS:
+                tensors = list(attr.as_tensors())
+            else:
+                continue
+            for tensor in tensors:
+                if isinstance(tensor, ir.ExternalTensor):
+                    output = node.outputs[0].name if node.outputs else None
+                    yield tensor.name or output or f"{attr.name} of a {node.op_type} node", tensor
+
+
 def _check_external_data(model: ir.Model, path: str) -> bool:
     external = False
-    for value in model.graph.initializers.values():
-        tensor = value.const_value
-        if isinstance(tensor, ir.ExternalTensor):
-            external = True
-            data_path = tensor.path
-            if not os.path.isfile(data_path):
-                raise QtoolError(
-                    f"external data file '{tensor.location}' of tensor '{value.name}' "
-                    f"(referenced by '{path}') does not exist"
-                )
-            length = tensor.length if tensor.length is not None else tensor.nbytes
-            end = (tensor.offset or 0) + length
-            if os.path.getsize(data_path) < end:
-                raise QtoolError(
-                    f"external data file '{tensor.location}' is truncated: tensor '{value.name}' "
-                    f"needs bytes up to {end}, the file has {os.path.getsize(data_path)}"
-                )
+    for name, tensor in external_tensors(model):
+        external = True
+        data_path = tensor.path
+        if not os.path.isfile(data_path):
+            raise QtoolError(
+                f"external data file '{tensor.location}' of tensor '{name}' "
+                f"(referenced by '{path}') does not exist"
+            )
+        length = tensor.length if tensor.length is not None else tensor.nbytes
+        end = (tensor.offset or 0) + length
+        if os.path.getsize(data_path) < end:
+            raise QtoolError(
+                f"external data file '{tensor.location}' is truncated: tensor '{name}' "
+                f"needs bytes up to {end}, the file has {os.path.getsize(data_path)}"
+            )
     return external
 
 
@@ -399,37 +418,12 @@ def external_locations(proto: onnx.ModelProto) -> set[str]:
     """The external data locations named by any tensor of ``proto`` (initializers, sparse
     initializers, tensor attributes, subgraphs and functions)."""
     locations = set()
-    for tensor in _tensor_protos(proto):
+    for tensor in validate.tensor_protos(proto):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             for entry in tensor.external_data:
                 if entry.key == "location":
                     locations.add(entry.value)
     return locations
-
-
-def _tensor_protos(proto: onnx.ModelProto):
-    def graph_tensors(graph):
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in graph.node:
-            yield from node_tensors(node)
-
-    def node_tensors(node):
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from graph_tensors(attr.g)
-            for g in attr.graphs:
-                yield from graph_tensors(g)
-
-    yield from graph_tensors(proto.graph)
-    for function in proto.functions:
-        for node in function.node:
-            yield from node_tensors(node)
 
 
 def _fsync_folder(folder: str) -> None:
@@ -492,7 +486,7 @@ def light_proto(
                 continue
             saved[value.name] = tensor
             value.const_value = ir.ExternalTensor(
-                "__qtool_placeholder__", offset=0, length=tensor.nbytes, dtype=tensor.dtype,
+                validate.PLACEHOLDER, offset=0, length=tensor.nbytes, dtype=tensor.dtype,
                 shape=tensor.shape, name=value.name, base_dir="",
             )
         proto = ir.serde.serialize_model(model)
@@ -540,10 +534,7 @@ def model_files(path: str | os.PathLike, model: ir.Model | None = None) -> list[
     path = os.path.abspath(os.fspath(path))
     files = [path]
     if model is not None:
-        for graph in model.graphs():
-            for value in graph.initializers.values():
-                if isinstance(value.const_value, ir.ExternalTensor):
-                    files.append(os.path.abspath(value.const_value.path))
+        files.extend(os.path.abspath(tensor.path) for _, tensor in external_tensors(model))
     elif os.path.isfile(path):
         base = os.path.dirname(path)
         files.extend(os.path.join(base, loc) for loc in sorted(_referenced_data(path) or ()))

@@ -52,6 +52,25 @@ def inferred_ranks(graph: ir.Graph) -> dict[str, int]:
     unknown until shape inference runs. Failures give an empty map: the rank
     stays unknown and the caller reports why it cannot use it.
     """
+    ranks: dict[str, int] = {}
+    for vi in _inferred(graph):
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.HasField("shape"):
+            ranks[vi.name] = len(t.shape.dim)
+    return ranks
+
+
+def inferred_types(graph: ir.Graph) -> dict[str, ir.DataType]:
+    """Tensor name -> element type from onnx shape inference (for values the model does not type)."""
+    types: dict[str, ir.DataType] = {}
+    for vi in _inferred(graph):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = ir.DataType(vi.type.tensor_type.elem_type)
+    return types
+
+
+def _inferred(graph: ir.Graph) -> list:
+    """The value infos onnx shape inference finds (empty when it fails: a best effort)."""
     import onnx.shape_inference
 
     model = ir.Model(graph, ir_version=max(8, _ir_version_for(graph)))
@@ -59,13 +78,8 @@ def inferred_ranks(graph: ir.Graph) -> dict[str, int]:
         proto, _ = light_proto(model)
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is a best effort
-        return {}
-    ranks: dict[str, int] = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
-        t = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and t.HasField("shape"):
-            ranks[vi.name] = len(t.shape.dim)
-    return ranks
+        return []
+    return list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
 
 
 def _ir_version_for(graph: ir.Graph) -> int:

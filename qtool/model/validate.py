@@ -34,6 +34,7 @@ from qtool.model.layers import BIAS_INPUT, WEIGHT_INPUT, is_layer
 
 BATCH_NORM_PARAMETERS = {1: "scale", 2: "bias", 3: "running mean", 4: "running variance"}
 _CHUNK = 1 << 24  # elements per finiteness check (bounded temporary memory on big tensors)
+PLACEHOLDER = "__qtool_placeholder__"  # the external data location of the light copy's tensors
 
 
 # --- the protobuf ------------------------------------------------------------------------------------
@@ -195,6 +196,36 @@ def _check_acyclic(graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto], 
         raise QtoolError(f"'{label}' is not a valid ONNX model: {where} has a cycle through node(s) {names}")
 
 
+def tensor_protos(proto: onnx.ModelProto):
+    """Every TensorProto of a model: initializers, sparse initializers, tensor attributes, in every
+    graph and function."""
+    def graph_tensors(graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in graph.node:
+            yield from node_tensors(node)
+
+    def node_tensors(node):
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield attr.sparse_tensor.values
+                yield attr.sparse_tensor.indices
+            if attr.HasField("g"):
+                yield from graph_tensors(attr.g)
+            for g in attr.graphs:
+                yield from graph_tensors(g)
+
+    yield from graph_tensors(proto.graph)
+    for function in proto.functions:
+        for node in function.node:
+            yield from node_tensors(node)
+
+
 def _graph_protos(graph: onnx.GraphProto):
     yield graph
     for node in graph.node:
@@ -298,10 +329,15 @@ def run_checker(proto: onnx.ModelProto, label: str) -> None:
         for info in list(graph.input) + list(graph.output):
             if info.type.HasField("tensor_type") and not info.type.tensor_type.HasField("shape"):
                 info.type.tensor_type.shape.SetInParent()
+    for tensor in tensor_protos(proto):  # external tensors not in initializers (Constant nodes)
+        if tensor.data_location == _T.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = PLACEHOLDER
     try:
         with tempfile.TemporaryDirectory(prefix="qtool-check-") as folder:
             # the placeholders name an (empty) file, as the checker wants external data to exist
-            open(os.path.join(folder, "__qtool_placeholder__"), "wb").close()
+            open(os.path.join(folder, PLACEHOLDER), "wb").close()
             path = os.path.join(folder, "model.onnx")
             with open(path, "wb") as f:
                 f.write(proto.SerializeToString())

@@ -45,23 +45,19 @@ from qtool.model.codec import (
     DEQUANTIZE,
     Storage,
     activation_params,
-    dq_params,
+    dequantize_node,
     eight_bit_kernel_types,
+    qdq_names,
+    qdq_nodes,
     storage,
-    storage_of,
     weight_params,
 )
 from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
 from qtool.model.graph import GraphView
 from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, WeightPoint
 
-# ops whose output stays inside the input's range; ReduceMean is how torch's dynamo exporter writes
-# adaptive_avg_pool2d(1) and x.mean(...)
-PROPAGATE_THROUGH = RANGE_PRESERVING_OPS + ("AveragePool", "GlobalAveragePool", "ReduceMean", "ReduceMax",
-                                            "ReduceMin")
 _INT32 = np.iinfo(np.int32)
 
 
@@ -75,7 +71,6 @@ class EvalEncoding:
     biases: list[dict] = field(default_factory=list)
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    opset_needed: int = 10
 
 
 def needed_opset(config: QuantConfig) -> int:
@@ -105,6 +100,7 @@ class EvalEncoder:
         self.view = GraphView(graph)
         self.result = EvalEncoding()
         self.weight_scales: dict[int, tuple[np.ndarray, int | None]] = {}  # layer id -> (scale, axis)
+        self.parameters: dict[str, tuple[ir.Value, ir.Value]] = {}  # tensor -> its quantizer's scale, zero point
 
     # --- helpers ---------------------------------------------------------------------------
     def initializer(self, name: str, array: np.ndarray, dtype: ir.DataType | None = None) -> ir.Value:
@@ -124,65 +120,29 @@ class EvalEncoder:
             self.graph.extend(nodes)
 
     def insert_qdq(self, value: ir.Value, base: str, scale: ir.Value, zero_point: ir.Value, store: Storage) -> ir.Node:
-        """Q -> [Clip] -> DQ on ``value``; every reader of ``value`` reads the DQ output."""
+        """Q -> [Clip] -> DQ on ``value`` (the codec's nodes); every reader of ``value`` reads the DQ output,
+        except those that read only its shape: they read the integers (same shape), so no DequantizeLinear
+        is computed for a Shape and the producer keeps the QuantizeLinear as its only reader (fusion)."""
         uses = list(value.uses())
+        shape_readers = [(n, i) for n, i in uses if n.domain == "" and n.op_type in ("Shape", "Size")]
+        uses = [u for u in uses if u not in shape_readers]
         was_output = [i for i, out in enumerate(self.graph.outputs) if out is value]
-        q = ir.node("QuantizeLinear", [value, scale, zero_point], name=f"{base}/QuantizeLinear")
-        q.outputs[0].name = f"{base}/quantized"
-        q.outputs[0].dtype = store.dtype
-        q.outputs[0].shape = value.shape
-        nodes = [q]
-        last = q.outputs[0]
-        if store.needs_clip:
-            nodes_clip, last = self._clip(last, base, store)
-            nodes.extend(nodes_clip)
-        dq = ir.node("DequantizeLinear", [last, scale, zero_point], name=f"{base}/DequantizeLinear")
-        out = dq.outputs[0]
-        out.name = f"{base}/dequantized"
-        out.dtype = ir.DataType.FLOAT
-        out.shape = value.shape
-        nodes.append(dq)
+        nodes, out = qdq_nodes(value, base, scale, zero_point, store, self.initializer)
         self._insert_after(value, nodes)
         for node, index in uses:
             node.replace_input_with(index, out)
+        for node, index in shape_readers:
+            node.replace_input_with(index, nodes[0].outputs[0])
         if was_output:
             name = value.name
             value.name = self.names.value(f"{name}/float")
             out.name = name
             for i in was_output:
                 self.graph.outputs[i] = out
-        return dq
+        return nodes[-1]
 
-    def _clip(self, value: ir.Value, base: str, store: Storage):
-        lo, hi = store.grid
-        if store.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
-            np_dtype = store.numpy_dtype()
-            lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np_dtype))
-            hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np_dtype))
-            clip = ir.node("Clip", [value, lo_v, hi_v], name=f"{base}/Clip")
-            clip.outputs[0].name = f"{base}/clipped"
-            clip.outputs[0].dtype = store.dtype
-            return [clip], clip.outputs[0]
-        # onnxruntime has no 16-bit Clip: clip in int32
-        lo_v = self.initializer(f"{base}/clip_min", np.array(lo, dtype=np.int32))
-        hi_v = self.initializer(f"{base}/clip_max", np.array(hi, dtype=np.int32))
-        up = ir.node("Cast", [value], {"to": ir.DataType.INT32}, name=f"{base}/Cast")
-        up.outputs[0].name = f"{base}/quantized_int32"
-        clip = ir.node("Clip", [up.outputs[0], lo_v, hi_v], name=f"{base}/Clip")
-        clip.outputs[0].name = f"{base}/clipped_int32"
-        down = ir.node("Cast", [clip.outputs[0]], {"to": store.dtype}, name=f"{base}/Cast_back")
-        down.outputs[0].name = f"{base}/clipped"
-        down.outputs[0].dtype = store.dtype
-        return [up, clip, down], down.outputs[0]
-
-    def _qdq_prefix(self, base: str, clip: bool, cast: bool) -> str:
-        nodes = ["QuantizeLinear", "DequantizeLinear"] + (["Clip"] if clip else []) + (["Cast", "Cast_back"] if cast else [])
-        values = ["quantized", "dequantized", "scale", "zero_point"]
-        if clip:
-            values += ["clip_min", "clip_max", "clipped"]
-        if cast:
-            values += ["quantized_int32", "clipped_int32"]
-        return self.names.prefix(base, nodes, values)
+    def _qdq_prefix(self, base: str, store: Storage) -> str:
+        return self.names.prefix(base, *qdq_names(store))
 
     # --- weights ---------------------------------------------------------------------------
     def encode_weight(self, point: WeightPoint) -> None:
@@ -197,16 +157,12 @@ class EvalEncoder:
                 self.result.left_in_float.append(LeftInFloat(n.name, n.op_type, "weights not quantized: the weight has inf or NaN values"))
             return
         cfg = self.config
-        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.symmetric, axis=point.axis)
+        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.weights_symmetric, axis=point.axis)
         base = self.names.prefix(point.name, ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
         q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
         scale = self.initializer(f"{base}/scale", params.scale)
         zp = self.initializer(f"{base}/zero_point", params.zero_point, params.storage.dtype)
-        attrs = {"axis": int(point.axis)} if point.axis is not None else {}
-        dq = ir.node("DequantizeLinear", [q_init, scale, zp], attrs, name=f"{base}/DequantizeLinear")
-        dq.outputs[0].name = f"{base}/dequantized"
-        dq.outputs[0].dtype = ir.DataType.FLOAT
-        dq.outputs[0].shape = ir.Shape(w.shape)
+        dq = dequantize_node(q_init, scale, zp, base, point.axis, w.shape)
         first = min(point.layers, key=lambda n: self._position(n))
         self.graph.insert_before(first, dq)
         source = constant_source(point.value)
@@ -237,17 +193,19 @@ class EvalEncoder:
         return self._order.get(id(node), 0)
 
     # --- activations -------------------------------------------------------------------------
-    def encode_activation(self, point: ActivationPoint, observed: tuple[float, float] | None) -> None:
+    def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
-        source = "calibration" if observed is not None else "default"
-        lo, hi = observed if observed is not None else point.default_range
+        (lo, hi), source = resolved
         params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric)
         store = params.storage
-        clip = store.needs_clip
-        cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
-        base = self._qdq_prefix(point.name, clip, cast)
-        scale = self.initializer(f"{base}/scale", params.scale)
-        zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
+        base = self._qdq_prefix(point.name, store)
+        shared = self.parameters.get(point.root().value.name) if point.source is not None else None
+        if shared is not None:  # a carried quantizer reads its source's scale and zero point
+            scale, zp = shared
+        else:
+            scale = self.initializer(f"{base}/scale", params.scale)
+            zp = self.initializer(f"{base}/zero_point", params.zero_point, store.dtype)
+            self.parameters[point.value.name] = (scale, zp)
         tensor_name = point.value.name
         self.insert_qdq(point.value, base, scale, zp, store)
         entry = {
@@ -264,54 +222,23 @@ class EvalEncoder:
         }
         if params.degenerate:
             entry["note"] = "range [0, 0]: the tensor quantizes to 0"
+        if point.source is not None:
+            entry["same_as"] = point.root().value.name
+            self.result.propagated.append({"tensor": tensor_name, "quantizer": base, "same_as": entry["same_as"],
+                                           "through": point.producer.op_type if point.producer else None})
         self.result.activations.append(entry)
 
-    # --- onnxruntime additions ----------------------------------------------------------------
-    def propagate_inputs(self) -> None:
+    def report_float_layers(self) -> None:
+        """Layers whose weight is quantized but whose input is not: onnxruntime runs them in float."""
         for match in self.plan.layers:
             layer = match.layer
-            if id(layer) not in self.weight_scales and not self._weight_exists(layer):
-                continue
-            x = layer.inputs[0]
-            if x is None:
+            x = layer.inputs[0] if layer.inputs else None
+            if id(layer) not in self.weight_scales or x is None:
                 continue
             producer = x.producer()
-            if producer is not None and producer.domain == "" and producer.op_type == DEQUANTIZE:
-                continue
-            found = None
-            through: list[str] = []
-            v = x
-            for _ in range(32):
-                p = v.producer()
-                if p is None or p.domain != "":
-                    break
-                if p.op_type == DEQUANTIZE:
-                    found = p
-                    break
-                if p.op_type not in PROPAGATE_THROUGH or not p.inputs or p.inputs[0] is None:
-                    break
-                through.append(p.op_type)
-                v = p.inputs[0]
-            params = dq_params(found) if found is not None and through else None
-            if params is None:
-                self.result.notes.append(
-                    f"layer '{layer.name}': its input '{x.name}' is not quantized, so onnxruntime runs it with float inputs"
-                )
-                continue
-            scale, zp, dtype = params
-            store = storage_of(dtype, self.config.activation_bits, self.config.symmetric)
-            clip = store.needs_clip
-            cast = clip and store.dtype not in (ir.DataType.UINT8, ir.DataType.INT8)
-            base = self._qdq_prefix(f"{context_of(layer.name or layer.op_type)}/input_quant", clip, cast)
-            name = x.name
-            self.insert_qdq(x, base, scale, zp, store)
-            self.result.propagated.append({
-                "tensor": name,
-                "layer": layer.name,
-                "quantizer": base,
-                "same_as": found.name,
-                "through": through,
-            })
+            if producer is None or producer.domain != "" or producer.op_type != DEQUANTIZE:
+                self.result.left_in_float.append(LeftInFloat(
+                    layer.name, layer.op_type, f"runs in float: its input '{x.name}' is not quantized"))
 
     def _weight_exists(self, layer: ir.Node) -> bool:
         w = layer.inputs[1] if len(layer.inputs) > 1 else None
@@ -335,10 +262,10 @@ class EvalEncoder:
     def run(self, ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
         for point in self.plan.new_weights():
             self.encode_weight(point)
+        resolved = self.plan.resolve(ranges)
         for point in self.plan.new_activations():
-            observed = None if ranges is None else ranges.get(point.value.name)
-            self.encode_activation(point, observed)
-        self.propagate_inputs()
+            self.encode_activation(point, resolved[point.value.name])
+        self.report_float_layers()
         self.quantize_biases()
         return self.result
 
@@ -402,12 +329,8 @@ class QuantizeBias:
         scale_arr = b_scale[:1].reshape(()) if per_tensor else b_scale
         zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
         q_init = enc.initializer(f"{base}/quantized", q.reshape(b.shape))
-        dq = ir.node("DequantizeLinear", [q_init, enc.initializer(f"{base}/scale", scale_arr),
-                                          enc.initializer(f"{base}/zero_point", zp_arr)],
-                     {} if per_tensor else {"axis": 0}, name=f"{base}/DequantizeLinear")
-        dq.outputs[0].name = f"{base}/dequantized"
-        dq.outputs[0].dtype = ir.DataType.FLOAT
-        dq.outputs[0].shape = ir.Shape(b.shape)
+        dq = dequantize_node(q_init, enc.initializer(f"{base}/scale", scale_arr),
+                             enc.initializer(f"{base}/zero_point", zp_arr), base, None if per_tensor else 0, b.shape)
         enc.graph.insert_before(layer, dq)
         source = constant_source(bias)
         layer.replace_input_with(2, dq.outputs[0])

@@ -162,10 +162,6 @@ def fake_quant_function(opset: int):
     return ir.serde.deserialize_function(function_proto(opset))
 
 
-def has_fake_quant_function(model) -> bool:
-    return (DOMAIN, NAME, "") in model.functions
-
-
 def add_fake_quant_function(model) -> None:
     """Add the function and the ``qtool`` opset import to an ``onnx_ir.Model``."""
     opset = default_opset(model)

@@ -188,18 +188,7 @@ class FoldBatchNorm:
         eps = float_attr(bn, "epsilon", 1e-5)
         s = gamma / np.sqrt(var + np.float64(np.float32(eps)))
 
-        if op == "Conv":
-            w_new = _scaled(w, s.reshape((-1,) + (1,) * (w.ndim - 1)))
-        elif op == "ConvTranspose":
-            g = group_of(layer)
-            cin, cpg = w.shape[0], w.shape[1]
-            k = w.shape[2:]
-            blocks = w.reshape((g, cin // g, cpg) + k)
-            w_new = _scaled(blocks, s.reshape((g, 1, cpg) + (1,) * len(k))).reshape(w.shape)
-        elif op == "Gemm" and int_attr(layer, "transB", 0):
-            w_new = _scaled(w, s[:, None])
-        else:  # Gemm transB=0, MatMul [K, N]
-            w_new = _scaled(w, s[None, :])
+        w_new = _fold_weight(layer, w, s)
 
         # The bias before the batch norm: the layer's own, plus a bias Add's constant.
         b = np.zeros(channels, np.float64)
@@ -269,6 +258,22 @@ class FoldBatchNorm:
         value = ir.Value(name=name, const_value=ir.Tensor(contiguous(array), name=name))
         self.graph.register_initializer(value)
         return value
+
+
+def _fold_weight(layer: ir.Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``w`` scaled by ``s`` (one factor per output channel) along the layer's channel layout."""
+    op = layer.op_type
+    if op == "Conv":
+        return _scaled(w, s.reshape((-1,) + (1,) * (w.ndim - 1)))
+    if op == "ConvTranspose":  # [Cin, Cout/g, k...]: block (group, j) scales by channel g*Cout/g + j
+        g = group_of(layer)
+        cin, cpg = w.shape[0], w.shape[1]
+        k = w.shape[2:]
+        blocks = w.reshape((g, cin // g, cpg) + k)
+        return _scaled(blocks, s.reshape((g, 1, cpg) + (1,) * len(k))).reshape(w.shape)
+    if op == "Gemm" and int_attr(layer, "transB", 0):
+        return _scaled(w, s[:, None])
+    return _scaled(w, s[None, :])  # Gemm transB=0, MatMul [K, N]
 
 
 def match_input(match: Match) -> ir.Value:

@@ -53,7 +53,6 @@ class TrainFold:
     batch_norm: str
     layer: ir.Node
     output: str  # the batch norm's output name, now carried by the fold's result
-    folded_weight: ir.Value  # w * gamma / sigma_mv, to be fake-quantized
     prefix: str
     state: dict[str, str] = field(default_factory=dict)  # role -> state initializer name
     record: dict = field(default_factory=dict)  # for metadata: how to restore the float graph
@@ -148,12 +147,12 @@ class TrainFolder:
         mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(bn.inputs[3]).reshape(c))
         var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(bn.inputs[4]).reshape(c))
         b_vec = self._bias(f, match, params)
-        w_fold, result = self._fold(f, mu_b, var_b, mean_mv, var_mv, b_vec)
+        result = self._fold(f, mu_b, var_b, mean_mv, var_mv, b_vec)
         new_mean, new_var = self._moving_statistics(f, mu_b, var_b, mean_mv, var_mv, b_vec)
         self._replace_batch_norm(f, result)
         record.update(moving_mean=mean_mv.name, moving_variance=var_mv.name)
         return TrainFold(
-            bn.name, layer, record["output"], w_fold, f.prefix,
+            bn.name, layer, record["output"], f.prefix,
             state={"moving_mean": mean_mv.name, "moving_variance": var_mv.name},
             record=record,
             updates={mean_mv.name: new_mean, var_mv.name: new_var},
@@ -224,8 +223,9 @@ class TrainFolder:
             return ops.op("Add", biases, f"{prefix}/bias_sum")
         return biases[0] if biases else None
 
-    def _fold(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
-        """The folded weight (to be fake-quantized) and the corrected output; the layer is rewired."""
+    def _fold(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> ir.Value:
+        """The corrected output; the layer now reads the folded weight (which the weight quantizer
+        fake-quantizes)."""
         ops, layer, prefix, bn = self.ops, f.layer, f.prefix, f.bn
         gamma_v = ops.reshape(bn.inputs[1], [f.channels], f"{prefix}/gamma")
         beta_v = ops.reshape(bn.inputs[2], [f.channels], f"{prefix}/beta")
@@ -261,7 +261,7 @@ class TrainFolder:
         scaled = ops.op("Mul", [layer.outputs[0], ops.reshape(recip, out_shape, f"{prefix}/correction_recip_shaped")],
                         f"{prefix}/post_conv_mul")
         result = ops.op("Add", [scaled, ops.reshape(bias, out_shape, f"{prefix}/bias_shaped")], f"{prefix}/add_fold")
-        return w_fold, result
+        return result
 
     def _moving_statistics(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
         """``mv_new = momentum * mv + (1 - momentum) * batch``, held after the freeze."""

@@ -112,9 +112,10 @@ class RewriteResult:
         return format_summary(self.to_dict())
 
 
-def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | None,
+def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | None, calibration,
                   ignored_arrays: list[str]) -> tuple[list[str], list[str]]:
-    """The warnings and notes of an eval rewrite."""
+    """The warnings and notes of an eval rewrite (``calibration``: its result, which says what is wrong
+    with the data; None when the ranges came from elsewhere)."""
     warnings: list[str] = []
     notes: list[str] = []
     if prepared.plan.new_activations() and ranges is None:
@@ -122,10 +123,13 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
             "no calibration data: activation ranges are TensorFlow's defaults ((-6, 6), and (0, 6) "
             "after Relu/Clip); the model needs calibration (--calibration-data) to be accurate"
         )
-    missing = [name for name, r in (ranges or {}).items() if r is None]
-    if missing:
-        warnings.append(f"{len(missing)} tensor(s) saw no finite value during calibration and use the default "
-                        f"range: {_first(missing)}")
+    if calibration is not None:
+        warnings.extend(calibration.warnings())
+    else:  # a ranges file with entries that have no range
+        missing = [name for name, r in (ranges or {}).items() if r is None]
+        if missing:
+            warnings.append(f"{len(missing)} tensor(s) have no range in the ranges file and use the default "
+                            f"range: {_first(missing)}")
     if ignored_arrays:
         notes.append(f"calibration data: ignored array(s) not named like a model input: {', '.join(ignored_arrays)}")
     if encoding.activations:
@@ -242,9 +246,8 @@ class TrainResult:
         if defaults and self.calibration is None:
             notes.append("no calibration data: activation ranges start at TensorFlow's defaults ((-6, 6), and (0, 6) "
                          "after Relu/Clip) and move by the EMA (decay 0.999) during training")
-        if self.calibration is not None and defaults:
-            warnings.append(f"{len(defaults)} tensor(s) saw no finite value during calibration and start at "
-                            f"the default range: {_first(defaults)}")
+        if self.calibration is not None:  # what is wrong with the data, by tensor
+            warnings.extend(self.calibration.warnings())
         if self.ignored_arrays:
             notes.append("calibration data: ignored array(s) not named like a model input: "
                          + ", ".join(self.ignored_arrays))

@@ -69,7 +69,10 @@ class TrainActivationPoint:
     kind: str
     rule: str
     initial: tuple[float, float]
-    range_source: str  # calibration | default
+    range_source: str  # calibration | default | fixed
+    shares: str | None = None  # the key of the range it uses when not its own (a carried or grouped point)
+    key: str | None = None  # the key others share it by (its tensor, or its group)
+    batch_values: list[ir.Value] = field(default_factory=list)  # a group's tensors: one EMA over their union
 
 
 @dataclass
@@ -95,11 +98,14 @@ class TrainEncoder:
             if quant_delay > 0 else None
         self.result = TrainEncoding()
         self.updates: dict[str, ir.Value] = {}  # state name -> value of its update
+        # key (tensor or group) -> (updated min, updated max, min name, max name, initial range)
+        self.ranges: dict[str, tuple] = {}
+        self.range_readers: set[int] = set()  # the batch min/max nodes: they read the float tensors
 
     # --- pieces ------------------------------------------------------------------------------
-    def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str):
+    def _widen(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str, symmetric: bool):
         ops = self.ops
-        if self.config.symmetric:
+        if symmetric:
             r = ops.const(f"{base}/min_max_ratio", symmetric_ratio(bits, narrow))
             new_lo = ops.op("Min", [lo, ops.op("Div", [hi, r], f"{base}/max_over_ratio")], f"{base}/range_min")
             new_hi = ops.op("Max", [hi, ops.op("Mul", [lo, r], f"{base}/min_times_ratio")], f"{base}/range_max")
@@ -128,7 +134,7 @@ class TrainEncoder:
             keep = True
         lo = ops.reduce("ReduceMin", weight, axes, keep, f"{base}/BatchMin")
         hi = ops.reduce("ReduceMax", weight, axes, keep, f"{base}/BatchMax")
-        lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base)
+        lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base, cfg.weights_symmetric)
         q = self._fake_quant(weight, lo, hi, cfg.weight_bits, True, base)
         for layer in point.layers:
             for i, v in enumerate(layer.inputs):
@@ -147,48 +153,58 @@ class TrainEncoder:
     # --- activations -------------------------------------------------------------------------------
     def encode_activation(self, point: TrainActivationPoint) -> None:
         cfg = self.config
-        ops = self.ops
-        value = point.value
-        base = ops.names.prefix(point.name)
-        tensor = value.name
-        lo0, hi0 = (np.float32(v) for v in point.initial)
-        lo0, hi0 = _widen_numpy(lo0, hi0, cfg.activation_bits, cfg.symmetric)
+        value, tensor = point.value, point.value.name
+        base = self.ops.names.prefix(point.name)
+        entry = {"quantizer": base, "tensor": tensor, "kind": point.kind, "rule": point.rule, "input": tensor,
+                 "range_source": point.range_source, "bits": cfg.activation_bits}
+        if point.shares is not None and point.shares in self.ranges:
+            new_min, new_max, lo_name, hi_name, initial = self.ranges[point.shares]
+        elif point.range_source == "fixed":
+            lo0, hi0 = _widen_numpy(*point.initial, cfg.activation_bits, cfg.symmetric)
+            new_min = self.ops.const(f"{base}/min", lo0)
+            new_max = self.ops.const(f"{base}/max", hi0)
+            lo_name, hi_name, initial = new_min.name, new_max.name, [float(lo0), float(hi0)]
+        else:
+            new_min, new_max, lo_name, hi_name, initial = self._ema_range(point, base)
+        if point.key is not None:
+            self.ranges[point.key] = (new_min, new_max, lo_name, hi_name, initial)
+        # the batch range reads the float tensor: every other reader reads the fake-quantized one
+        uses = [(node, i) for node, i in value.uses() if id(node) not in self.range_readers]
+        outputs = [i for i, out in enumerate(self.graph.outputs) if out is value]
+        q = self._fake_quant(value, new_min, new_max, cfg.activation_bits, False, base)
+        for node, index in uses:
+            node.replace_input_with(index, q)
+        if outputs:
+            value.name = self.ops.names.value(f"{tensor}/float")
+            q.name = tensor
+            for i in outputs:
+                self.graph.outputs[i] = q
+        q.dtype = ir.DataType.FLOAT
+        entry.update({"input": value.name, "output": q.name, "min": lo_name, "max": hi_name, "initial_range": initial})
+        self.result.activations.append(entry)
+
+    def _ema_range(self, point: TrainActivationPoint, base: str):
+        """State ``<base>/min``/``max`` and their update with the batch's range (TF's EMA), over the
+        point's tensor and its group's."""
+        cfg, ops = self.config, self.ops
+        lo0, hi0 = _widen_numpy(*point.initial, cfg.activation_bits, cfg.symmetric)
         min_state = ops.state(f"{base}/min", lo0)
         max_state = ops.state(f"{base}/max", hi0)
-        uses = list(value.uses())
-        outputs = [i for i, out in enumerate(self.graph.outputs) if out is value]
-        batch_lo = ops.reduce("ReduceMin", value, None, False, f"{base}/BatchMin")
-        batch_hi = ops.reduce("ReduceMax", value, None, False, f"{base}/BatchMax")
-        range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base)
+        values = [point.value] + [v for v in point.batch_values if v is not point.value]
+        lows = [ops.reduce("ReduceMin", v, None, False, f"{base}/BatchMin") for v in values]
+        highs = [ops.reduce("ReduceMax", v, None, False, f"{base}/BatchMax") for v in values]
+        batch_lo = lows[0] if len(lows) == 1 else ops.op("Min", lows, f"{base}/GroupMin")
+        batch_hi = highs[0] if len(highs) == 1 else ops.op("Max", highs, f"{base}/GroupMax")
+        self.range_readers.update(id(v.producer()) for v in lows + highs)
+        range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base, cfg.symmetric)
         decay = ops.const(f"{base}/decay", np.float32(1.0 - EMA_DECAY))
         new_min = ops.op("Sub", [min_state, ops.op("Mul", [ops.op("Sub", [min_state, range_lo], f"{base}/AssignMinEma/delta"), decay],
                                                    f"{base}/AssignMinEma/update_delta")], f"{base}/AssignMinEma")
         new_max = ops.op("Sub", [max_state, ops.op("Mul", [ops.op("Sub", [max_state, range_hi], f"{base}/AssignMaxEma/delta"), decay],
                                                    f"{base}/AssignMaxEma/update_delta")], f"{base}/AssignMaxEma")
-        q = self._fake_quant(value, new_min, new_max, cfg.activation_bits, False, base)
-        for node, index in uses:
-            node.replace_input_with(index, q)
-        if outputs:
-            value.name = ops.names.value(f"{tensor}/float")
-            q.name = tensor
-            for i in outputs:
-                self.graph.outputs[i] = q
-        q.dtype = ir.DataType.FLOAT
         self.updates[min_state.name] = new_min
         self.updates[max_state.name] = new_max
-        self.result.activations.append({
-            "quantizer": base,
-            "tensor": tensor,
-            "kind": point.kind,
-            "rule": point.rule,
-            "input": value.name,
-            "output": q.name,
-            "min": min_state.name,
-            "max": max_state.name,
-            "initial_range": [float(lo0), float(hi0)],
-            "range_source": point.range_source,
-            "bits": cfg.activation_bits,
-        })
+        return new_min, new_max, min_state.name, max_state.name, [float(lo0), float(hi0)]
 
     # --- state outputs -----------------------------------------------------------------------------
     def add_state_outputs(self, updates: dict[str, ir.Value]) -> dict[str, str]:
@@ -478,8 +494,10 @@ def _strip(model: ir.Model, contract: dict) -> TrainedState:
             inp.name = q["tensor"]
     # batch norms: the layer with its own inputs, [the bias Add], BatchNormalization(moving stats)
     bn_outputs = {}
-    values = values_by_name(graph)
     for b in contract["batch_norms"]:
+        # by name, afresh: a batch norm restored before may be this layer's input (a folded output
+        # read by another folded layer), and its output value changed
+        values = values_by_name(graph)
         prefixes.add(b["prefix"])
         layer = next((n for n in graph if n.name == b["layer"]), None)
         if layer is None:

@@ -12,7 +12,7 @@ training (``fold_batch_norms_train``) -> encode the plan with ``train_graph``
 One implementation of the rules, two encodings: the plan's points are tensor
 names of the eval-folded copy; a folded batch norm's output there is its
 layer's output, here the training fold's result, which keeps the batch
-norm's output name (:meth:`TrainGraph.rename`).
+norm's output name (``TrainGraph.aliases``).
 """
 
 from __future__ import annotations
@@ -98,9 +98,6 @@ class TrainGraph:
     def tensors_to_calibrate(self) -> list[str]:
         return self.plan.tensors_to_calibrate()
 
-    def rename(self, ranges: dict) -> dict:
-        """Ranges keyed by the eval-folded copy's names, keyed by the training graph's."""
-        return {self.aliases.get(k, k): v for k, v in ranges.items()}
 
 
 def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
@@ -184,18 +181,35 @@ def _encode_weights(prepared: TrainGraph, encoder: tg.TrainEncoder, params: set[
 
 
 def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: dict, left: list[dict]) -> None:
+    """Each new point of the plan as FakeQuant; carried and grouped points share their range's state,
+    fixed ranges are constants. Points come in plan order, so a source is encoded before what carries it."""
     values = tg.values_by_name(prepared.model.graph)
+    resolved = prepared.plan.resolve(ranges)
+    plan_groups = prepared.plan.groups()
+
+    def real(point):
+        return prepared.aliases.get(point.value.name, point.value.name)
+
     for point in prepared.plan.new_activations():
-        name = prepared.aliases.get(point.value.name, point.value.name)
-        value = values.get(name)
+        value = values.get(real(point))
         if value is None:
-            left.append({"node": point.producer.name if point.producer is not None else name, "op": "?",
-                         "reason": f"tensor '{name}' not found in the training graph"})
+            left.append({"node": point.producer.name if point.producer is not None else real(point), "op": "?",
+                         "reason": f"tensor '{real(point)}' not found in the training graph"})
             continue
-        observed = ranges.get(name)
-        initial = observed if observed is not None else point.default_range
+        (lo, hi), source = resolved[point.value.name]
+        root = point.root()
+        if point.source is not None:
+            shares = f"group:{root.group}" if root.group is not None else real(root)
+            key = None
+        elif point.group is not None:
+            shares = key = f"group:{point.group}"
+        else:
+            shares, key = None, real(point)
+        batch = [values[real(m)] for m in plan_groups.get(point.group, []) if real(m) in values]
         encoder.encode_activation(tg.TrainActivationPoint(
-            point.name, value, point.kind, point.rule, initial, "calibration" if observed is not None else "default"))
+            point.name, value, point.kind, point.rule, (lo, hi), "fixed" if point.fixed_range else
+            ("calibration" if source == "calibration" else "default") if point.source is None else "carried",
+            shares, key, batch))
 
 
 def _parameters_as_inputs(graph: ir.Graph, params: set[str]) -> list[str]:

@@ -30,7 +30,6 @@ model ``rewrite_eval`` made in memory and for a file given with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -40,6 +39,8 @@ import onnx_ir as ir
 from qtool.model.constants import constant_array
 
 LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# nodes a tool may fuse into the layer before them (and so remove from the quantized model)
+_FUSED_AFTER_LAYER = ("Relu", "Clip", "BatchNormalization", "Add", "LeakyRelu", "Sigmoid", "HardSigmoid")
 _CODE_DTYPES = {
     ir.DataType.INT8: (-128, 127),
     ir.DataType.UINT8: (0, 255),
@@ -80,6 +81,7 @@ class ActivationQuantizer:
     grid: tuple[int, int] | None  # codes the tensor can take (after Clip)
     counterpart: str | None = None  # the float model's tensor, or None
     how: str = ""  # how the counterpart was found, or why not
+    clamps: bool = False  # it also does the work of an activation (Relu, Clip) the quantized model dropped
 
     @property
     def output(self) -> ir.Value:
@@ -101,20 +103,26 @@ class ActivationQuantizer:
 
 @dataclass
 class WeightQuantizer:
+    """A ``DequantizeLinear`` of constant codes, or a ``QuantizeLinear -> DequantizeLinear`` of a constant
+    float weight (onnxruntime's quantizer writes that for weights held by ``Constant`` nodes)."""
+
     name: str
     dq: ir.Node
     layer: ir.Node
     index: int  # 1 weight, 2 bias
+    q: ir.Node | None = None
 
     def dequantized(self) -> np.ndarray | None:
         """The layer's weight as the model computes it (``DequantizeLinear`` in float32)."""
-        return dequantize_constant(self.dq)
+        codes = quantize_constant(self.q) if self.q is not None else None
+        return dequantize_constant(self.dq, codes)
 
 
 @dataclass
 class QuantizedGraph:
     activations: list[ActivationQuantizer] = field(default_factory=list)
     weights: list[WeightQuantizer] = field(default_factory=list)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (quantizer, tensor, why not compared)
 
     def layers(self) -> list[ir.Node]:
         seen: dict[int, ir.Node] = {}
@@ -124,23 +132,46 @@ class QuantizedGraph:
         return list(seen.values())
 
 
-def dequantize_constant(dq: ir.Node) -> np.ndarray | None:
-    codes = constant_array(dq.inputs[0])
+def _per_axis(node: ir.Node, param: np.ndarray, ndim: int) -> np.ndarray:
+    """A per-axis scale or zero point shaped to broadcast along the node's ``axis`` (default 1)."""
+    if param.ndim != 1 or ndim == 0 or (param.size == 1 and "axis" not in node.attributes):
+        return param
+    axis = node.attributes["axis"].as_int() if "axis" in node.attributes else 1
+    shape = [1] * ndim
+    shape[axis % ndim] = param.size
+    return param.reshape(shape)
+
+
+def dequantize_constant(dq: ir.Node, codes: np.ndarray | None = None) -> np.ndarray | None:
+    """``DequantizeLinear`` of constant codes (``codes``, or the node's constant input) in float32."""
+    codes = constant_array(dq.inputs[0]) if codes is None else codes
     scale = constant_array(dq.inputs[1]) if len(dq.inputs) > 1 else None
     if codes is None or scale is None:
         return None
     zp = constant_array(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] is not None else None
     c = np.asarray(codes).astype(np.int64)
-    z = np.zeros((), np.int64) if zp is None else np.asarray(zp).astype(np.int64)
-    s = np.asarray(scale, dtype=np.float32)
-    if s.ndim == 1 and s.size > 1 or (s.ndim == 1 and c.ndim > 0 and "axis" in dq.attributes):
-        axis = dq.attributes["axis"].as_int() if "axis" in dq.attributes else 1
-        axis = axis % c.ndim
-        shape = [1] * c.ndim
-        shape[axis] = s.size
-        s = s.reshape(shape)
-        z = z.reshape(shape) if z.ndim else z
+    z = np.zeros((), np.int64) if zp is None else _per_axis(dq, np.asarray(zp).astype(np.int64), c.ndim)
+    s = _per_axis(dq, np.asarray(scale, dtype=np.float32), c.ndim)
     return ((c - z).astype(np.float32) * s).astype(np.float32)
+
+
+def quantize_constant(q: ir.Node) -> np.ndarray | None:
+    """``QuantizeLinear`` of a constant as onnxruntime computes it: float32 ``x / scale``, round half to
+    even, add the zero point, saturate to the codes' type."""
+    x = constant_array(q.inputs[0])
+    scale = constant_array(q.inputs[1]) if len(q.inputs) > 1 else None
+    if x is None or scale is None:
+        return None
+    zp_value = q.inputs[2] if len(q.inputs) > 2 else None
+    zp = constant_array(zp_value) if zp_value is not None else None
+    dtype = zp_value.dtype if zp_value is not None and zp_value.dtype is not None else ir.DataType.UINT8
+    if dtype not in _CODE_DTYPES:
+        return None
+    x = np.asarray(x, dtype=np.float32)
+    s = _per_axis(q, np.asarray(scale, dtype=np.float32), x.ndim)
+    z = np.zeros((), np.int64) if zp is None else _per_axis(q, np.asarray(zp).astype(np.int64), x.ndim)
+    lo, hi = _CODE_DTYPES[dtype]
+    return np.clip(np.rint(x / s).astype(np.int64) + z, lo, hi)
 
 
 def _scalar_param(value: ir.Value | None, dtype=np.float32):
@@ -152,70 +183,87 @@ def _scalar_param(value: ir.Value | None, dtype=np.float32):
     return np.asarray(arr).reshape(()).astype(dtype)
 
 
+def _chain_to_quantize(x: ir.Value) -> tuple[ir.Node | None, list[ir.Node], tuple[int, int] | None]:
+    """Back from a ``DequantizeLinear`` input through ``Clip``/``Cast``: (the ``QuantizeLinear``, the chain, grid)."""
+    chain: list[ir.Node] = []
+    grid = None
+    v = x
+    for _ in range(4):
+        p = v.producer()
+        if p is None:
+            break
+        if _is(p, "QuantizeLinear"):
+            return (p, chain, grid) if p.inputs and p.inputs[0] is not None else (None, chain, grid)
+        if not (_is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None):
+            break
+        if _is(p, "Clip") and len(p.inputs) >= 3:
+            lo, hi = _scalar_param(p.inputs[1], np.int64), _scalar_param(p.inputs[2], np.int64)
+            if lo is not None and hi is not None:
+                grid = (int(lo), int(hi))
+        chain.insert(0, p)
+        v = p.inputs[0]
+    return None, chain, grid
+
+
+def _weight_users(dq: ir.Node) -> list[tuple[ir.Node, int]]:
+    return [(user, index) for user, index in _uses(dq.outputs[0]) if _is(user, *LAYER_OPS) and index in (1, 2)]
+
+
+def _activation(dq: ir.Node, q: ir.Node, chain: list[ir.Node], grid) -> ActivationQuantizer:
+    x = dq.inputs[0]
+    scale = _scalar_param(dq.inputs[1] if len(dq.inputs) > 1 else None)
+    zp_value = dq.inputs[2] if len(dq.inputs) > 2 else None
+    zp = _scalar_param(zp_value, np.int64) if zp_value is not None else np.int64(0)
+    dtype = x.dtype
+    if dtype is None and zp_value is not None and zp_value.const_value is not None:
+        dtype = zp_value.const_value.dtype
+    if grid is None and dtype in _CODE_DTYPES:
+        grid = _CODE_DTYPES[dtype]
+    return ActivationQuantizer(
+        name=quantizer_name(dq), q=q, dq=dq, nodes=[q, *chain, dq], float_value=q.inputs[0], codes=x,
+        codes_dtype=dtype, scale=None if scale is None or zp is None else float(scale),
+        zero_point=0 if zp is None else int(zp), grid=grid,
+    )
+
+
 def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
+    """Every weight and activation quantizer of ``graph`` (a constant quantized for another op is skipped)."""
     result = QuantizedGraph()
     for node in graph:
         if not _is(node, "DequantizeLinear") or not node.inputs or node.inputs[0] is None:
             continue
         x = node.inputs[0]
-        if constant_array(x) is not None:
-            for user, index in _uses(node.outputs[0]):
-                if _is(user, *LAYER_OPS) and index in (1, 2):
-                    result.weights.append(WeightQuantizer(quantizer_name(node), node, user, index))
-            continue
-        chain: list[ir.Node] = []
-        grid = None
-        v = x
         q = None
-        for _ in range(4):
-            p = v.producer()
-            if p is None:
-                break
-            if _is(p, "QuantizeLinear"):
-                q = p
-                break
-            if _is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None:
-                if _is(p, "Clip") and len(p.inputs) >= 3:
-                    lo = _scalar_param(p.inputs[1], np.int64)
-                    hi = _scalar_param(p.inputs[2], np.int64)
-                    if lo is not None and hi is not None:
-                        grid = (int(lo), int(hi))
-                chain.insert(0, p)
-                v = p.inputs[0]
+        if constant_array(x) is None:
+            q, chain, grid = _chain_to_quantize(x)
+            if q is None:
                 continue
-            break
-        if q is None or not q.inputs or q.inputs[0] is None:
-            continue
-        scale = _scalar_param(node.inputs[1] if len(node.inputs) > 1 else None)
-        zp_value = node.inputs[2] if len(node.inputs) > 2 else None
-        zp = _scalar_param(zp_value, np.int64) if zp_value is not None else np.int64(0)
-        dtype = x.dtype
-        if dtype is None and zp_value is not None and zp_value.const_value is not None:
-            dtype = zp_value.const_value.dtype
-        if grid is None and dtype in _CODE_DTYPES:
-            grid = _CODE_DTYPES[dtype]
-        result.activations.append(
-            ActivationQuantizer(
-                name=quantizer_name(node),
-                q=q,
-                dq=node,
-                nodes=[q, *chain, node],
-                float_value=q.inputs[0],
-                codes=x,
-                codes_dtype=dtype,
-                scale=None if scale is None or zp is None else float(scale),
-                zero_point=0 if zp is None else int(zp),
-                grid=grid,
-            )
-        )
+            if constant_array(q.inputs[0]) is None:
+                result.activations.append(_activation(node, q, chain, grid))
+                continue
+        users = _weight_users(node)
+        for user, index in users:
+            result.weights.append(WeightQuantizer(quantizer_name(node), node, user, index, q))
+        if not users:
+            readers = ", ".join(sorted({u.op_type for u, _ in _uses(node.outputs[0])})) or "nothing"
+            result.skipped.append((quantizer_name(node), (q.inputs[0] if q else x).name or "?",
+                                   f"a quantized constant read by {readers}, not a layer's weight or bias"))
     return result
+
+
+def name_unnamed_layers(graph: ir.Graph) -> None:
+    """Unnamed nodes of a quantized model (onnxruntime's quantizer keeps exporters' empty names) get
+    ``Op(first output)``: unique, readable, and never the float model's ``Op_k`` names."""
+    for node in graph:
+        if not node.name and node.outputs and not _is(node, "QuantizeLinear", "DequantizeLinear"):
+            node.name = f"{node.op_type}({node.outputs[0].name})"
 
 
 def _uses(value: ir.Value) -> list[tuple[ir.Node, int]]:
     return [(u[0], u[1]) for u in value.uses()]
 
 
-def _value_index(graph: ir.Graph) -> dict[str, ir.Value]:
+def value_index(graph: ir.Graph) -> dict[str, ir.Value]:
     values = {v.name: v for v in graph.inputs if v.name}
     for node in graph:
         for out in node.outputs:
@@ -230,25 +278,43 @@ class FloatIndex:
     def __init__(self, graph: ir.Graph, quantized_node_names: set[str]):
         self.graph = graph
         self.nodes = {n.name: n for n in graph if n.name}
-        self.values = _value_index(graph)
+        self.values = value_index(graph)
         self.inputs = {v.name for v in graph.inputs}
         self.outputs = {v.name for v in graph.outputs}
         self.q_nodes = quantized_node_names
 
-    def follow_folds(self, value: ir.Value) -> ir.Value:
-        """Past the batch norms (and their bias Adds) the quantized model no longer has."""
-        for _ in range(4):
+    def follow_folds(self, value: ir.Value, name: str | None = None) -> ir.Value:
+        """Past the batch norms (and their bias Adds) the quantized model no longer has.
+
+        When the quantized tensor's ``name`` is found further along, through
+        nodes the quantized model also lost (an activation fused into the
+        layer, a Relu onnxruntime's quantizer dropped because its range
+        covers it), that tensor is the counterpart: fusing tools name the
+        fused output after the last fused node.
+        """
+        folded = None
+        for _ in range(6):
+            if folded is not None and value.name == name:
+                return value  # past a fused activation: the quantized tensor is this one
             uses = _uses(value)
             if len(uses) != 1 or value.is_graph_output():
                 break
             user = uses[0][0]
-            if _is(user, "BatchNormalization", "Add") and user.name not in self.q_nodes:
-                value = user.outputs[0]
-                continue
-            break
-        return value
+            if user.name in self.q_nodes or not _is(user, *_FUSED_AFTER_LAYER) or not user.outputs:
+                break
+            if folded is None and not _is(user, "BatchNormalization", "Add"):
+                folded = value  # batch norms and bias Adds end here
+            value = user.outputs[0]
+        return folded if folded is not None else value
 
     def counterpart(self, act: ActivationQuantizer, q_graph: ir.Graph) -> tuple[str | None, str]:
+        """The float tensor ``act`` quantizes, and how it was found.
+
+        By node: the producer of the quantized tensor, found by name (and op
+        type) in the float model, followed forward through the nodes the
+        quantized model no longer has. Else by name: the float tensor of the
+        same name (onnxruntime's quantizer leaves exporters' nodes unnamed).
+        """
         v = act.float_value
         out = act.output
         if out.is_graph_output() and out.name in self.outputs:
@@ -260,33 +326,100 @@ class FloatIndex:
             fp = self.nodes[p.name]
             index = list(p.outputs).index(v)
             if index < len(fp.outputs):
-                fv = self.follow_folds(fp.outputs[index])
+                fv = self.follow_folds(fp.outputs[index], v.name)
                 return fv.name, f"output of node '{p.name}'"
         if p is not None and _is(p, "Add") and p.name not in self.nodes and p.inputs and p.inputs[0] is not None:
             # an Add inserted by batch-norm folding (MatMul bias): its layer is the first input's producer
             lp = p.inputs[0].producer()
             if lp is not None and lp.name in self.nodes and self.nodes[lp.name].op_type == lp.op_type:
-                fv = self.follow_folds(self.nodes[lp.name].outputs[0])
+                fv = self.follow_folds(self.nodes[lp.name].outputs[0], v.name)
                 return fv.name, f"folded output of node '{lp.name}'"
         if v.name in self.values:
             return v.name, "tensor of the same name"
-        return None, f"no float tensor matches '{v.name}' (its producer is not in the float model)"
+        return None, f"no float tensor matches '{v.name}' (neither its producer nor its name is in the float model)"
 
 
 def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedGraph) -> None:
     index = FloatIndex(f_graph, {n.name for n in q_graph if n.name})
     for act in quantized.activations:
         act.counterpart, act.how = index.counterpart(act, q_graph)
+        fv = index.values.get(act.counterpart) if act.counterpart else None
+        fp, qp = (fv.producer() if fv is not None else None), act.float_value.producer()
+        act.clamps = _is(fp, "Relu", "Clip") and not _is(qp, "Relu", "Clip")
 
 
-def float_weights(f_folded: ir.Graph, quantized: QuantizedGraph) -> dict[str, np.ndarray | None]:
-    """The folded float model's weight/bias for each weight quantizer (by layer name and input)."""
+def clamping_quantizers(quantized: QuantizedGraph) -> set[str]:
+    """Names of the activation quantizers that stand for a dropped Relu/Clip (see ``clamps``)."""
+    return {a.name for a in quantized.activations if a.clamps}
+
+
+def _output_names(layer: ir.Node) -> list[str]:
+    """The layer's output name, and the names its quantizer's ``DequantizeLinear`` outputs carry."""
+    out = layer.outputs[0]
+    names = [out.name]
+    for user, _ in _uses(out):
+        if _is(user, "QuantizeLinear"):
+            for dq, _ in _uses(user.outputs[0]):
+                if _is(dq, "DequantizeLinear"):
+                    names.append(dq.outputs[0].name)
+    return names
+
+
+def _float_layer(layer: ir.Node, nodes: dict[str, ir.Node], values: dict[str, ir.Value]) -> ir.Node | None:
+    """The float node of ``layer``: by name, else back from the float tensor of its output's name
+    through the nodes a tool may have fused into it (batch norm, bias Add, activation)."""
+    node = nodes.get(layer.name)
+    if node is not None and node.op_type == layer.op_type:
+        return node
+    for name in _output_names(layer):
+        v = values.get(name)
+        for _ in range(4):
+            p = v.producer() if v is not None else None
+            if p is None:
+                break
+            if p.op_type == layer.op_type:
+                return p
+            if p.op_type not in _FUSED_AFTER_LAYER or not p.inputs:
+                break
+            v = p.inputs[0]
+    return None
+
+
+def kept_batch_norms(q_graph: ir.Graph, f_graph: ir.Graph) -> frozenset[str]:
+    """The float model's batch norms the quantized model did not fold: by name, or (for a tool that
+    renames nodes) those after the float layer of a quantized layer that a BatchNormalization reads."""
+    f_bns = {n.name for n in f_graph if _is(n, "BatchNormalization")}
+    kept = {n.name for n in q_graph if _is(n, "BatchNormalization") and n.name in f_bns}
+    nodes = {n.name: n for n in f_graph if n.name}
+    values = value_index(f_graph)
+    for bn in q_graph:
+        if not _is(bn, "BatchNormalization") or bn.name in f_bns or not bn.inputs or bn.inputs[0] is None:
+            continue
+        p = bn.inputs[0].producer()
+        while p is not None and _is(p, "QuantizeLinear", "DequantizeLinear") and p.inputs and p.inputs[0] is not None:
+            p = p.inputs[0].producer()
+        layer = _float_layer(p, nodes, values) if p is not None and _is(p, *LAYER_OPS) else None
+        if layer is not None:
+            kept |= {u.name for u, _ in _uses(layer.outputs[0]) if _is(u, "BatchNormalization")}
+    return frozenset(kept)
+
+
+def float_weights(
+    f_folded: ir.Graph, quantized: QuantizedGraph, f_graph: ir.Graph | None = None
+) -> dict[str, np.ndarray | None]:
+    """The folded float model's weight/bias for each weight quantizer (its layer found by name or output;
+    ``f_graph``, the float graph before folding, holds output names the folding removed)."""
     nodes = {n.name: n for n in f_folded if n.name}
+    values = value_index(f_folded)
+    unfolded = ({n.name: n for n in f_graph if n.name}, value_index(f_graph)) if f_graph is not None else None
     out: dict[str, np.ndarray | None] = {}
     for w in quantized.weights:
-        layer = nodes.get(w.layer.name)
+        layer = _float_layer(w.layer, nodes, values)
+        if layer is None and unfolded is not None:
+            before = _float_layer(w.layer, *unfolded)
+            layer = nodes.get(before.name) if before is not None else None
         arr = None
-        if layer is not None and layer.op_type == w.layer.op_type and w.index < len(layer.inputs):
+        if layer is not None and w.index < len(layer.inputs):
             arr = constant_array(layer.inputs[w.index])
             if arr is not None:
                 arr = np.asarray(arr)
@@ -299,50 +432,35 @@ def float_weights(f_folded: ir.Graph, quantized: QuantizedGraph) -> dict[str, np
 # --- edits on a copy -----------------------------------------------------------------------------
 
 
-def clone(model: ir.Model) -> ir.Model:
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+def dtype_name(value: ir.Value | None) -> str | None:
+    """The element type of ``value`` (from its type or its constant), lower case."""
+    dtype = value.dtype if value is not None else None
+    if dtype is None and value is not None and value.const_value is not None:
+        dtype = value.const_value.dtype
+    return dtype.name.lower() if dtype is not None else None
 
 
-def bytes_with_outputs(
-    model: ir.Model, names: Iterable[str], dtypes: dict[str, ir.DataType] | None = None
-) -> tuple[bytes, list[str]]:
-    """The serialized model with the named tensors as extra graph outputs; the model is left as it was.
-
-    Returns the bytes and the names added (tensors that are graph inputs or
-    already outputs, and unknown names, are not added).
-    """
-    graph = model.graph
-    values = _value_index(graph)
-    have = {v.name for v in graph.outputs}
-    added: list[ir.Value] = []
-    typed: list[ir.Value] = []
-    for name in names:
-        if name in have or name not in values:
-            continue
-        v = values[name]
-        if v.is_graph_input():
-            continue
-        if v.type is None:
-            v.type = ir.TensorType(v.dtype or (dtypes or {}).get(name) or ir.DataType.FLOAT)
-            typed.append(v)
-        added.append(v)
-        have.add(name)
-    count = len(graph.outputs)
-    graph.outputs.extend(added)
-    try:
-        data = ir.serde.serialize_model(model).SerializeToString()
-    finally:
-        while len(graph.outputs) > count:
-            graph.outputs.pop()
-        for v in typed:
-            v.type = None
-    return data, [v.name for v in added]
+def _clamp(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
+    """A float ``Clip`` to the quantizer's range after its input: the activation it stood for, unrounded."""
+    lo, hi = act.representable
+    bounds = []
+    for which, v in (("min", lo), ("max", hi)):
+        name = f"{act.name}/bypass_{which}"
+        value = ir.Value(name=name, const_value=ir.Tensor(np.array(v, np.float32), name=name))
+        graph.register_initializer(value)
+        bounds.append(value)
+    clip = ir.node("Clip", [act.float_value, *bounds], name=f"{act.name}/bypass_clip")
+    clip.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    clip.outputs[0].name = f"{act.name}/bypass_clip_output"
+    graph.insert_after(act.dq, clip)
+    return clip.outputs[0]
 
 
-def _bypass(graph: ir.Graph, act: ActivationQuantizer) -> None:
-    """Remove an activation quantizer: its readers read the float tensor again."""
+def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
+    """Remove an activation quantizer: its readers read the float tensor again (clamped to the
+    quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped)."""
     out = act.dq.outputs[0]
-    src = act.float_value
+    src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
     for i, o in enumerate(graph.outputs):
         if o is out:
             if src.is_graph_output() or src.is_graph_input():
@@ -409,11 +527,24 @@ def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
     return owned
 
 
+def quantizer_layers(quantized: QuantizedGraph) -> dict[str, str]:
+    """Activation quantizer name -> the name of the (first) layer it belongs to."""
+    names = {id(n): n.name for n in quantized.layers()}
+    out: dict[str, str] = {}
+    for layer_id, owned in layer_owned_quantizers(quantized).items():
+        for q in owned:
+            out.setdefault(q, names[layer_id])
+    return out
+
+
 def single_layer_model(
-    model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None]
+    model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None], clamping: set[str] = frozenset()
 ) -> tuple[ir.Model | None, str]:
-    """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible."""
-    copy = clone(model)
+    """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible.
+
+    ``clamping``: quantizers that stand for a dropped activation (they become a float ``Clip``).
+    """
+    copy = model.clone()  # shares the tensors
     graph = copy.graph
     quantized = find_quantizers(graph)
     layers = {n.name: n for n in quantized.layers()}
@@ -430,5 +561,5 @@ def single_layer_model(
         _to_float(graph, w, array)
     for act in quantized.activations:
         if act.name not in owned:
-            _bypass(graph, act)
+            _bypass(graph, act, act.name in clamping)
     return copy, ""

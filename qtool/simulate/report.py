@@ -13,6 +13,8 @@ import math
 import os
 import tempfile
 
+from qtool.errors import QtoolError
+
 
 def json_safe(value):
     """A copy of ``value`` with non-finite floats as strings and numpy scalars as Python ones."""
@@ -32,8 +34,6 @@ def atomic_write(path, text: str) -> None:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        from qtool.errors import QtoolError
-
         raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".qtool-", suffix=".tmp", dir=folder)
     try:
@@ -88,9 +88,25 @@ def fmt_acc(acc, correct=None) -> str:
     return f"{acc * 100:.2f}%"
 
 
-def _table(header: list[str], rows: list[list[str]], indent: str = "  ", right=None) -> list[str]:
+def ellipsize(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis in the middle (both ends stay readable)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = (width - 1) // 2
+    tail = width - 1 - head
+    return text[:head] + "\u2026" + (text[-tail:] if tail else "")
+
+
+def _table(header: list[str], rows: list[list[str]], right: list[bool], indent: str = "  ",
+           width: int = 80, shrink: int | None = None) -> list[str]:
+    """Aligned columns; column ``shrink`` (names) is cut in the middle so that lines fit ``width``."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    right = right if right is not None else [i > 0 for i in range(len(header))]
+    if shrink is not None:
+        others = len(indent) + sum(w for i, w in enumerate(widths) if i != shrink) + 2 * (len(header) - 1)
+        widths[shrink] = max(min(widths[shrink], width - others), len(header[shrink]), 12)
+        rows = [[ellipsize(c, widths[shrink]) if i == shrink else c for i, c in enumerate(r)] for r in rows]
 
     def line(cells):
         parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)]
@@ -99,74 +115,16 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ", right=N
     return [line(header)] + [line(r) for r in rows]
 
 
-def format_text(report: dict, limit: int = 15) -> str:
-    lines = []
-    labels = f", labels '{report['labels']}'" if report["labels"] else ", no labels"
-    lines.append(
-        f"qtool simulate: {report['model']} on {report['data']} "
-        f"({report['samples']} samples, output '{report['output']}'{labels})"
-    )
-    cal = report.get("calibration")
-    if cal:
-        if cal.get("on_evaluation_data"):
-            lines.append("  calibration: ON THE EVALUATION DATA ITSELF (no --calibration-data): accuracy is optimistic")
-        else:
-            n = f" ({cal['samples']} samples)" if cal.get("samples") else ""
-            lines.append(f"  calibration: {cal['source']}{n}")
-    lines.append("")
-    header = ["model", "accuracy", "agreement", "SQNR dB", "mean|err|", "max|err|", "cosine"]
-    rows = [["float", fmt_acc(report["float"]["accuracy"]), "-", "-", "-", "-", "-"]]
-    for mdl in report["models"]:
-        o = mdl["output"]
-        rows.append([mdl["name"], fmt_acc(mdl["accuracy"]), fmt_acc(mdl["agreement"]), fmt_db(o["sqnr_db"]),
-                     fmt_num(o["mean_abs_error"]), fmt_num(o["max_abs_error"]), fmt_num(o["cosine"], 6)])
-    lines.extend(_table(header, rows, right=[False] + [True] * 6))
-    for mdl in report["models"]:
-        lines.append("")
-        lines.append(f"{mdl['name']}: quantized activations, worst first (SQNR of the quantized model's tensor "
-                     "against the float model's)")
-        acts = mdl["activations"]
-        rows = []
-        for a in acts[:limit]:
-            clipped = a.get("clipped_fraction")
-            rows.append([
-                fmt_db(a["sqnr_db"]),
-                fmt_num(a.get("max_abs_error")),
-                _pct(clipped),
-                _range(a.get("float_range")),
-                _range(a.get("quantizer_range")),
-                f"{a['float_tensor']}  ({a['quantizer']})" + (f"  {a['problem']}" if a.get("problem") else ""),
-            ])
-        if rows:
-            lines.extend(_table(["SQNR dB", "max|err|", "clipped", "float range", "quant range", "tensor (quantizer)"],
-                                rows, indent="    ", right=[True, True, True, True, True, False]))
-        else:
-            lines.append("    (none)")
-        if len(acts) > limit:
-            lines.append(f"    ... {len(acts) - limit} more (all in --json)")
-        for u in mdl["unmatched_activations"]:
-            lines.append(f"    not compared: {u['quantizer']}: {u['reason']}")
-        if mdl["weights"]:
-            lines.append("  weights, worst first")
-            rows = [[fmt_db(w["sqnr_db"]), fmt_num(w.get("max_abs_error")), w["role"], w.get("dtype") or "-",
-                     f"{w['layer']} ({w['op']})" + (f"  {w['problem']}" if w.get("problem") else "")]
-                    for w in mdl["weights"][:limit]]
-            lines.extend(_table(["SQNR dB", "max|err|", "role", "codes", "layer"], rows, indent="    ",
-                                right=[True, True, False, False, False]))
-            if len(mdl["weights"]) > limit:
-                lines.append(f"    ... {len(mdl['weights']) - limit} more (all in --json)")
-        if "sensitivity" in mdl:
-            lines.append("  sensitivity: only this layer quantized, worst first (keep the top ones in float)")
-            rows = [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]), f"{s['layer']} ({s['op']})"]
-                    for s in mdl["sensitivity"]]
-            if rows:
-                lines.extend(_table(["out SQNR dB", "accuracy", "agreement", "layer"], rows, indent="    ",
-                                    right=[True, True, True, False]))
-        for n in mdl["notes"]:
-            lines.append(f"  note: {n}")
-    for n in report["notes"]:
-        lines.append(f"note: {n}")
-    return "\n".join(lines)
+def _short(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return fmt_db(v)
+    return f"{v:.3g}"
+
+
+def _range(r) -> str:
+    return "-" if not r else f"[{_short(r[0])}, {_short(r[1])}]"
 
 
 def _pct(frac) -> str:
@@ -177,7 +135,89 @@ def _pct(frac) -> str:
     return f"{frac * 100:.2f}%"
 
 
-def _range(r) -> str:
-    if not r:
-        return "-"
-    return f"[{fmt_num(r[0], 3)}, {fmt_num(r[1], 3)}]"
+def _tensor_name(name: str) -> str:
+    """Exporters' ``_output_0`` suffix says nothing on a terminal (the JSON has the full name)."""
+    return name[: -len("_output_0")] if name.endswith("_output_0") else name
+
+
+def _header(report: dict, width: int) -> list[str]:
+    labels = f", labels '{report['labels']}'" if report["labels"] else ", no labels"
+    kind = "" if report.get("output_kind", "classes") == "classes" else " (one value per sample: SQNR, no top-1)"
+    lines = [ellipsize(f"qtool simulate: {report['model']}", width),
+             ellipsize(f"  data: {report['data']}", width),
+             f"  {report['samples']} samples, output '{report['output']}'{kind}{labels}"]
+    cal = report.get("calibration")
+    if cal and cal.get("on_evaluation_data"):
+        lines.append("  calibration: ON THE EVALUATION DATA ITSELF: accuracy is optimistic")
+    elif cal:
+        n = f" ({cal['samples']} samples)" if cal.get("samples") else ""
+        lines.append(ellipsize(f"  calibration: {cal['source']}{n}", width))
+    return lines
+
+
+def _model_table(report: dict, width: int) -> list[str]:
+    values = report.get("output_kind", "classes") != "classes"
+    if values:
+        header = ["model", "SQNR dB", "rel.err", "mean|err|", "max|err|", "cosine"]
+        rows = [[mdl["name"], fmt_db(mdl["output"]["sqnr_db"]), fmt_num(mdl["output"].get("relative_rms_error")),
+                 fmt_num(mdl["output"]["mean_abs_error"]), fmt_num(mdl["output"]["max_abs_error"]),
+                 fmt_num(mdl["output"]["cosine"], 6)] for mdl in report["models"]]
+    else:
+        header = ["model", "accuracy", "agreement", "SQNR dB", "mean|err|", "max|err|", "cosine"]
+        rows = [["float", fmt_acc(report["float"]["accuracy"]), "-", "-", "-", "-", "-"]]
+        rows += [[mdl["name"], fmt_acc(mdl["accuracy"]), fmt_acc(mdl["agreement"]), fmt_db(mdl["output"]["sqnr_db"]),
+                  fmt_num(mdl["output"]["mean_abs_error"]), fmt_num(mdl["output"]["max_abs_error"]),
+                  fmt_num(mdl["output"]["cosine"], 6)] for mdl in report["models"]]
+    return _table(header, rows, [False] + [True] * (len(header) - 1), width=width, shrink=0)
+
+
+def _more(items: list, limit: int | None) -> list[str]:
+    return [f"    ... {len(items) - limit} more (all in --json)"] if limit is not None and len(items) > limit else []
+
+
+def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> list[str]:
+    lines = ["", ellipsize(f"{mdl['name']}: quantized activations, worst first (SQNR against the float tensor)", width)]
+    acts = mdl["activations"]
+    rows = [[fmt_db(a["sqnr_db"]), _pct(a.get("clipped_fraction")),
+             _range(a.get("float_range")), _range(a.get("quantizer_range")),
+             _tensor_name(a["float_tensor"] or a["quantizer"]) + (f" ({a['problem']})" if a.get("problem") else "")]
+            for a in acts[:limit]]
+    if rows:
+        lines += _table(["SQNR dB", "clipped", "float range", "quant range", "tensor"], rows,
+                        [True, True, True, True, False], indent="    ", width=width, shrink=4)
+    else:
+        lines.append("    (none)")
+    lines += _more(acts, limit)
+    lines += [ellipsize(f"    not compared: {u['quantizer']}: {u['reason']}", width) for u in mdl["unmatched_activations"]]
+    if mdl["weights"]:
+        lines.append("  weights, worst first")
+        rows = [[fmt_db(w["sqnr_db"]), fmt_num(w.get("max_abs_error")), w["role"], w.get("dtype") or "-",
+                 f"{w['layer']} ({w['op']})" + (f" {w['problem']}" if w.get("problem") else "")]
+                for w in mdl["weights"][:limit]]
+        lines += _table(["SQNR dB", "max|err|", "role", "codes", "layer"], rows, [True, True, False, False, False],
+                        indent="    ", width=width, shrink=4)
+        lines += _more(mdl["weights"], limit)
+    if mdl.get("sensitivity"):
+        lines.append("  sensitivity: one layer quantized at a time, worst first (keep those in float)")
+        rows = [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]), f"{s['layer']} ({s['op']})"]
+                for s in mdl["sensitivity"][:limit]]
+        lines += _table(["out SQNR dB", "accuracy", "agreement", "layer"], rows, [True, True, True, False],
+                        indent="    ", width=width, shrink=3)
+        lines += _more(mdl["sensitivity"], limit)
+    if verbose:
+        lines += [f"  note: {n}" for n in mdl["notes"]]
+    return lines
+
+
+def format_text(report: dict, limit: int | None = 10, verbose: bool = False, width: int = 80) -> str:
+    """The report for a terminal: lines fit ``width`` columns (names cut in the middle).
+
+    ``verbose``: every row (no ``limit``) and the notes.
+    """
+    limit = None if verbose else limit
+    lines = _header(report, width) + [""] + _model_table(report, width)
+    for mdl in report["models"]:
+        lines += _model_details(mdl, limit, verbose, width)
+    if verbose:
+        lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)

@@ -19,13 +19,15 @@ def test_calibrate_writes_the_documented_layout(work):
     result = invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", out,
                     "--method", "percentile", "--percentile", "99.9", "--batch-size", "32")
     assert result.exit_code == 0, result.output
-    assert "calibrated 7 tensor(s)" in result.stdout and "percentile" in result.stdout
+    # TF's 7 and the pooled tensor (own range); the 2 tensors after MaxPool and Flatten carry their
+    # input's quantizer (no range of their own)
+    assert "calibrated 8 tensor(s)" in result.stdout and "percentile" in result.stdout
     doc = json.loads(out.read_text())
     assert doc["format"] == "qtool.ranges" and doc["version"] == 1
     assert doc["method"] == "percentile" and doc["options"] == {"percentile": 99.9, "num_bins": 2048}
     assert doc["samples"] == 100 and doc["batches"] == 4 and doc["batch_size"] == 32
     assert doc["quantization"]["activation_bits"] == 8
-    assert len(doc["tensors"]) == 7 and "input" in doc["tensors"]
+    assert len(doc["tensors"]) == 8 and "input" in doc["tensors"]
     for r in doc["tensors"].values():
         assert r["min"] <= r["max"]
 
@@ -144,4 +146,4 @@ def test_calibrate_json_summary(work):
                     "--method", "mse", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["tensors"] == 7 and summary["method"] == "mse" and summary["warnings"] == []
+    assert summary["tensors"] == 8 and summary["method"] == "mse" and summary["warnings"] == []

@@ -65,11 +65,53 @@ def test_bad_input_is_one_line_and_nonzero_exit(work, extra, message):
     assert len(lines) == 1 and lines[0].startswith("qtool: error:") and message in lines[0], r.output
 
 
-def test_progress_bars_stay_off_when_not_a_terminal(work):
-    r = CliRunner().invoke(main, ["simulate", str(work / "digits_cnn.onnx"), "--data",
-                                                  str(work / "eval.npz"), "--quantized", str(work / "q8.onnx")])
-    assert r.exit_code == 0
-    assert r.stderr == ""
+def test_progress_is_one_line_per_stage_when_not_a_terminal(work):
+    r = CliRunner().invoke(main, ["simulate", str(work / "digits_cnn.onnx"), "--data", str(work / "eval.npz"),
+                                  "--weight-bits", "4,8", "--activation-bits", "8,16",
+                                  "--calibration-data", str(work / "calib.npz"), "--json", str(work / "p.json")])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    # one calibration for the four bit width pairs, then one pass over the data
+    assert lines[0] == "qtool simulate: calibrating (100 samples)"
+    assert [line for line in lines if line.startswith("qtool simulate: calibrating")] == [lines[0]]
+    assert "qtool simulate: evaluating (500 samples)" in lines and "qtool simulate: writing JSON" in lines
+    assert lines[-1].startswith("qtool simulate: done in ") and "evaluating" in lines[-1]
+    assert len(lines) == 5
+    assert "\r" not in r.stderr  # no bar
+
+
+def test_notes_are_behind_verbose(work):
+    args = ["simulate", work / "digits_cnn.onnx", "--data", work / "eval.npz", "--quantized", work / "q8.onnx"]
+    quiet, loud = invoke(*args), invoke(*args, "--verbose")
+    assert quiet.exit_code == 0 and loud.exit_code == 0
+    assert "note:" not in quiet.output
+    # the float model's fusion note shows on every run of the sample: only with --verbose
+    assert "note: the float model's output changed" in loud.output
+    assert "more (all in --json)" not in loud.output
+
+
+def test_terminal_tables_fit_80_columns(work, tmp_path):
+    deep = tmp_path / ("a_folder_with_a_rather_long_name_" * 3)
+    deep.mkdir()
+    for name in ("digits_cnn.onnx", "q8.onnx", "eval.npz"):
+        shutil.copy(work / name, deep / name)
+    r = invoke("simulate", deep / "digits_cnn.onnx", "--data", deep / "eval.npz", "--labels", "labels",
+               "--quantized", deep / "q8.onnx", "--sensitivity")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    model_row = [line for line in lines if "q8.onnx" in line and "%" in line]
+    assert len(model_row) == 1 and "\u2026" in model_row[0]  # the path is cut in the middle, its end stays
+
+
+def test_batch_axis_option(work):
+    bad = invoke("simulate", work / "digits_cnn.onnx", "--data", work / "eval.npz", "--quantized", work / "q8.onnx",
+                 "--batch-axis", "logits=x")
+    assert bad.exit_code == 2 and bad.output.strip().startswith("qtool: error: batch axis 'logits'")
+    ok = invoke("simulate", work / "digits_cnn.onnx", "--data", work / "eval.npz", "--quantized", work / "q8.onnx",
+                "--batch-axis", "logits=0", "--json", work / "axis.json")
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((work / "axis.json").read_text())["batch_axis"] == 0
 
 
 def test_progress_bars_name_each_pass(monkeypatch):
@@ -86,3 +128,26 @@ def test_progress_bars_name_each_pass(monkeypatch):
             bars.update(label, done, 100)
     bars.close()
     assert "calibrating W8A8" in err.getvalue() and "evaluating" in err.getvalue()
+
+
+def test_stage_progress_draws_a_bar_on_a_terminal(monkeypatch):
+    import io
+    import sys
+
+    from qtool.cli._progress import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = StageProgress("simulate")  # decides by stderr.isatty()
+    for stage in ("calibrating", "evaluating"):
+        for done in (0, 50, 100):
+            progress.update(stage, done, 100)
+    progress.finish()
+    out = err.getvalue()
+    assert "calibrating" in out and "evaluating" in out and "100/100" in out  # click's bars, with positions
+    assert "(100 samples)" not in out  # no stage lines on a terminal
+    assert out.rstrip().splitlines()[-1].startswith("qtool simulate: done in ")

@@ -24,6 +24,7 @@ from qtool.api import rewrite_eval
 from qtool.api import rewrite_train
 from qtool.api import simulate
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
+from qtool.simulate.config import SimulateConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(os.path.dirname(HERE), "data", "exported")
@@ -204,7 +205,7 @@ def test_simulate_quantized(name, tmp_path):
     model, data = paths(name)
     out = str(tmp_path / "q.onnx")
     rewrite_eval(model, out, calibration_data=data)
-    result = simulate(model, data, quantized=[out])
+    result = simulate(model, data, SimulateConfig(quantized=[out]))
     assert result is not None
 
 
@@ -214,7 +215,7 @@ def test_simulate_sensitivity_with_shared_weights(name):
     gave each reader of the shared DequantizeLinear the float copy, and the second copy failed
     ("Initializer ... is already registered")."""
     model, data = paths(name)
-    result = simulate(model, data, calibration_data=data, sensitivity=True)
+    result = simulate(model, data, SimulateConfig(calibration_data=data, sensitivity=True))
     text = json.dumps(result.to_dict() if hasattr(result, "to_dict") else result.summary, default=str)
     assert "sensitivity" in text
 

@@ -1,4 +1,7 @@
-"""TF's placement rules (spec section 2): for each rule, the exact set of quantized tensors."""
+"""TF's placement rules (spec section 2): for each rule, the exact set of quantized tensors.
+
+These run TF's rules alone (``TF_RULES``); the rules of section 2b that come after them in a
+rewrite (every layer in integers) are tested in test_placement_integer.py."""
 
 import numpy as np
 import onnx_ir as ir
@@ -11,6 +14,7 @@ from qtool.api import rewrite_eval
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 from qtool.config import QuantConfig
 from qtool.onnx_rewrite.placement import check_exclude, plan_quantization
+from qtool.onnx_rewrite.placement.tf import TF_RULES
 from qtool.config import CalibrationConfig
 
 
@@ -18,7 +22,7 @@ def plan_of(model: ir.Model, **config):
     name_unnamed_nodes(model.graph)
     check_exclude(model.graph, config.get("exclude", ()))
     fold_batch_norms(model.graph, NameScope(model.graph))
-    return plan_quantization(model.graph, QuantConfig(**config))
+    return plan_quantization(model.graph, QuantConfig(**config), TF_RULES)
 
 
 def acts(plan) -> dict[str, str]:

@@ -7,7 +7,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from model_builders import Builder, x_data
+from model_builders import Builder, run, x_data
 from onnx import helper
 
 from qtool.errors import QtoolError
@@ -411,3 +411,26 @@ def test_recent_opsets_reduce_with_axes_inputs_and_round_trip(opset):
     evaluated = rewrite_eval(train)
     assert evaluated.summary["ranges_from"] == "the training graph's trained state"
     assert evaluated.summary["counts"]["batch_norms_folded"] == 2
+
+
+def test_folded_output_read_by_a_folded_layer_and_a_residual_add_round_trips(tmp_path):
+    """A folded Conv+BN whose output feeds another Conv->BN and a residual Add: rewrite-train, then
+    rewrite-eval of the file, restores every batch norm (no training fold left behind) and runs."""
+    b = Builder()
+    x = b.input("x", ["N", 3, 8, 8])
+    c1 = b.bn(b.conv(x, 3, 4, name="c1"), 4, name="bn1")
+    c3 = b.bn(b.conv(c1, 4, 4, name="c3"), 4, name="bn3")
+    y = b.node("Relu", [b.node("Add", [c1, c3], name="residual")])
+    feeds = {"x": x_data(8, 3, 8, 8)}
+    train = tmp_path / "train.onnx"
+    rewrite_train(b.proto([y]), train, calibration_data=feeds)
+    deploy = tmp_path / "deploy.onnx"
+    result = rewrite_eval(str(train), deploy)
+    counts = result.summary["counts"]
+    assert counts["batch_norms_folded"] == 2 and counts["batch_norms_not_folded"] == 0
+    assert not [x for x in result.summary["left_in_float"] if "BatchNorm_Fold" in x["node"]]
+    model = onnx.load(str(deploy))
+    assert not [n.name for n in model.graph.node if "BatchNorm_Fold" in n.name or n.op_type == "BatchNormalization"]
+    (out,) = run(model, feeds)
+    (ref,) = run(b.proto([y]), feeds)
+    assert np.max(np.abs(out - ref)) < 0.1 * np.max(np.abs(ref))

@@ -30,7 +30,6 @@ def test_pair_stats_matches_float64_sums(r, data):
 
 
 def test_codes_are_dequantized_like_dequantizelinear():
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 

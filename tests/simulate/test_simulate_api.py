@@ -10,12 +10,14 @@ from sim_helpers import CALIB, DAMAGED_LAYER, EVAL, MODEL, ort_outputs
 
 import qtool
 from qtool.errors import QtoolError
+from qtool.api import simulate
+from qtool.simulate.config import SimulateConfig
 from qtool.config import QuantConfig
 
 
 @pytest.fixture(scope="module")
 def report_q8(q8):
-    return qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[q8]).report
+    return simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[q8])).report
 
 
 def test_accuracies_equal_a_direct_onnxruntime_computation(report_q8, q8, eval_data):
@@ -40,7 +42,7 @@ def test_every_quantizer_of_the_sample_is_compared_with_its_float_tensor(report_
     (m,) = report_q8["models"]
     assert m["unmatched_activations"] == []
     by_quantizer = {a["quantizer"]: a for a in m["activations"]}
-    assert len(by_quantizer) == 9  # 7 activations + 2 propagated input quantizers
+    assert len(by_quantizer) == 10  # TF's 7, the pooled tensor, 2 carried (MaxPool, Flatten)
     # the folded layer's output holds the batch norm's value: it is compared with the float BN output
     assert by_quantizer["Conv_3/conv_quant"]["float_tensor"] == "/block/bn_pw/BatchNormalization_output_0"
     assert by_quantizer["Gemm_0/act_quant"]["float_tensor"] == "logits"
@@ -54,7 +56,7 @@ def test_every_quantizer_of_the_sample_is_compared_with_its_float_tensor(report_
 
 def test_sqnr_of_a_tensor_with_itself_is_infinite(tmp_path):
     # the float model compared with itself: every output value identical
-    res = qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[MODEL])
+    res = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[MODEL]))
     (m,) = res.report["models"]
     assert m["output"]["sqnr_db"] == math.inf
     assert m["output"]["max_abs_error"] == 0.0 and m["output"]["cosine"] == 1.0
@@ -70,11 +72,11 @@ def test_sixteen_bits_give_higher_sqnr_everywhere_than_eight():
     w8a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB).model
     w8a16 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(activation_bits=16)).model
     w16a8 = qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(weight_bits=16)).model
-    rep = qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[w8a8, w8a16, w16a8]).report
+    rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[w8a8, w8a16, w16a8])).report
     m8, a16, w16 = rep["models"]
     acts8 = {a["quantizer"]: a["sqnr_db"] for a in m8["activations"]}
     acts16 = {a["quantizer"]: a["sqnr_db"] for a in a16["activations"]}
-    assert acts8.keys() == acts16.keys() and len(acts8) == 9
+    assert acts8.keys() == acts16.keys() and len(acts8) == 10
     for name in acts8:
         assert acts16[name] > acts8[name], name
     weights8 = {(w["layer"], w["role"]): w["sqnr_db"] for w in m8["weights"] if w["role"] == "weight"}
@@ -87,7 +89,7 @@ def test_sixteen_bits_give_higher_sqnr_everywhere_than_eight():
 
 
 def test_sensitivity_ranks_the_damaged_layer_first(q_damaged):
-    rep = qtool.api.simulate(MODEL, EVAL, labels="labels", quantized=[q_damaged], sensitivity=True).report
+    rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=[q_damaged], sensitivity=True)).report
     (m,) = rep["models"]
     sens = m["sensitivity"]
     assert [s["layer"] for s in sens][0] == DAMAGED_LAYER
@@ -98,7 +100,7 @@ def test_sensitivity_ranks_the_damaged_layer_first(q_damaged):
 
 
 def test_what_if_table_calibrated_on_the_data_says_so():
-    rep = qtool.api.simulate(MODEL, EVAL, labels="labels", weight_bits="4,8").report
+    rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", weight_bits="4,8")).report
     assert [m["name"] for m in rep["models"]] == ["W4A8", "W8A8"]
     assert rep["calibration"]["on_evaluation_data"] is True
     assert any("calibrated on the evaluation data itself" in n for n in rep["notes"])
@@ -107,7 +109,7 @@ def test_what_if_table_calibrated_on_the_data_says_so():
 
 
 def test_without_labels_agreement_only(q8):
-    rep = qtool.api.simulate(MODEL, EVAL, quantized=[q8]).report
+    rep = simulate(MODEL, EVAL, SimulateConfig(quantized=[q8])).report
     assert rep["float"]["accuracy"] is None and rep["models"][0]["accuracy"] is None
     assert 0.9 < rep["models"][0]["agreement"] <= 1.0
 
@@ -117,30 +119,30 @@ def test_without_labels_agreement_only(q8):
 
 def test_labels_missing(q8):
     with pytest.raises(QtoolError, match="no labels array 'nope'"):
-        qtool.api.simulate(MODEL, EVAL, labels="nope", quantized=[q8])
+        simulate(MODEL, EVAL, SimulateConfig(labels="nope", quantized=[q8]))
 
 
 def test_labels_of_the_wrong_length(q8, eval_data):
     data = {"input": eval_data["input"], "labels": eval_data["labels"][:-3]}
     with pytest.raises(QtoolError, match="hold 497 class ids but the data has 500 samples"):
-        qtool.api.simulate(MODEL, data, labels="labels", quantized=[q8])
+        simulate(MODEL, data, SimulateConfig(labels="labels", quantized=[q8]))
 
 
 def test_labels_out_of_range(q8, eval_data):
     data = {"input": eval_data["input"][:20], "labels": np.full(20, 10)}
     with pytest.raises(QtoolError, match="class id 10, but output 'logits' has 10 classes"):
-        qtool.api.simulate(MODEL, data, labels="labels", quantized=[q8])
+        simulate(MODEL, data, SimulateConfig(labels="labels", quantized=[q8]))
 
 
 def test_labels_not_integers(q8, eval_data):
     data = {"input": eval_data["input"][:20], "labels": np.zeros(20, np.float32)}
     with pytest.raises(QtoolError, match="integer class ids"):
-        qtool.api.simulate(MODEL, data, labels="labels", quantized=[q8])
+        simulate(MODEL, data, SimulateConfig(labels="labels", quantized=[q8]))
 
 
 def test_unknown_output(q8):
     with pytest.raises(QtoolError, match="has no output 'probs' \\(outputs: logits\\)"):
-        qtool.api.simulate(MODEL, EVAL, output="probs", quantized=[q8])
+        simulate(MODEL, EVAL, SimulateConfig(output="probs", quantized=[q8]))
 
 
 def test_quantized_model_with_other_inputs(tmp_path, q8):
@@ -153,20 +155,38 @@ def test_quantized_model_with_other_inputs(tmp_path, q8):
                 node.input[i] = "image"
     onnx.save(proto, str(tmp_path / "renamed.onnx"))
     with pytest.raises(QtoolError, match="has inputs \\['image'\\], the float model has \\['input'\\]"):
-        qtool.api.simulate(MODEL, EVAL, quantized=[tmp_path / "renamed.onnx"])
+        simulate(MODEL, EVAL, SimulateConfig(quantized=[tmp_path / "renamed.onnx"]))
 
 
 def test_data_that_does_not_fit_the_model(q8):
     data = {"input": np.zeros((4, 1, 7, 7), np.float32)}
     with pytest.raises(QtoolError, match="dimension 2 is 7, the model needs 8"):
-        qtool.api.simulate(MODEL, data, quantized=[q8])
+        simulate(MODEL, data, SimulateConfig(quantized=[q8]))
 
 
 def test_calibration_data_with_quantized_models_is_refused(q8):
     with pytest.raises(QtoolError, match="--calibration-data is for the what-if table"):
-        qtool.api.simulate(MODEL, EVAL, quantized=[q8], calibration_data=CALIB)
+        simulate(MODEL, EVAL, SimulateConfig(quantized=[q8], calibration_data=CALIB))
 
 
 def test_bad_bit_widths():
     with pytest.raises(QtoolError, match="from 2 to 16"):
-        qtool.api.simulate(MODEL, EVAL, weight_bits="8,32")
+        simulate(MODEL, EVAL, SimulateConfig(weight_bits="8,32"))
+
+
+def test_what_if_table_calibrates_once_and_equals_separate_rewrites(monkeypatch):
+    from qtool import calibrate
+
+    calls = []
+    real = calibrate.collect_ranges
+    monkeypatch.setattr(calibrate, "collect_ranges", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rep = simulate(MODEL, EVAL, SimulateConfig(labels="labels", weight_bits="4,8", activation_bits="8,16", calibration_data=CALIB)).report
+    assert len(calls) == 1  # one pass over the calibration data for the four models
+    assert rep["calibration"]["runs"] == 1 and rep["calibration"]["samples"] == 100
+    # each model is the one rewrite_eval makes with its own calibration (min/max ranges do not depend on bits)
+    separate = [qtool.rewrite_eval(MODEL, calibration_data=CALIB, quant=QuantConfig(weight_bits=wb, activation_bits=ab)).model
+                for wb, ab in ((4, 8), (4, 16), (8, 8), (8, 16))]
+    ref = simulate(MODEL, EVAL, SimulateConfig(labels="labels", quantized=separate)).report
+    assert [m["name"] for m in rep["models"]] == ["W4A8", "W4A16", "W8A8", "W8A16"]
+    for mine, theirs in zip(rep["models"], ref["models"]):
+        assert mine["output"] == theirs["output"] and mine["accuracy"] == theirs["accuracy"]

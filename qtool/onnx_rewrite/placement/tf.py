@@ -38,16 +38,9 @@ consumers too, as in TF). ``--exclude`` takes a node out of scope.
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
-
 import onnx_ir as ir
 
-from qtool.config import QuantConfig
-from qtool.errors import QtoolError
-from qtool.model.codec import DEQUANTIZE, QUANTIZE
 from qtool.model.constants import is_constant
-from qtool.model.graph import GraphView
 from qtool.model.layers import (
     ACTIVATION_INPUT,
     check_layer,
@@ -58,192 +51,8 @@ from qtool.model.layers import (
     weight_rank,
 )
 from qtool.model.names import context_of
-from qtool.onnx_rewrite.matcher import Match
 from qtool.onnx_rewrite.patterns import ACTIVATION_OPS, LAYER_CHAIN, RANGE_PRESERVING_OPS
-
-DEFAULT_RANGE = (-6.0, 6.0)
-DEFAULT_RANGE_AFTER_ACTIVATION = (0.0, 6.0)
-
-
-@dataclass
-class WeightPoint:
-    value: ir.Value  # the weight tensor the layers read
-    layers: list[ir.Node]
-    axis: int | None  # per-channel axis; None for one range per tensor
-    context: str
-    exists: bool = False  # the layers already read a DequantizeLinear
-
-    @property
-    def name(self) -> str:
-        return f"{self.context}/weights_quant"
-
-    def to_dict(self) -> dict:
-        return {
-            "tensor": self.value.name,
-            "layers": [n.name for n in self.layers],
-            "op": self.layers[0].op_type,
-            "axis": self.axis,
-            "quantizer": self.name,
-            "already_quantized": self.exists,
-        }
-
-
-@dataclass
-class ActivationPoint:
-    value: ir.Value
-    kind: str  # act_quant, conv_quant, add_quant, post_activation_bypass_quant, activation_Add_quant, input_quant
-    context: str
-    rule: str
-    producer: ir.Node | None
-    after_activation: bool = False
-    exists: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.context}/{self.kind}" if self.context else self.kind
-
-    @property
-    def default_range(self) -> tuple[float, float]:
-        return DEFAULT_RANGE_AFTER_ACTIVATION if self.after_activation else DEFAULT_RANGE
-
-    def to_dict(self) -> dict:
-        return {
-            "tensor": self.value.name,
-            "kind": self.kind,
-            "rule": self.rule,
-            "producer": self.producer.name if self.producer is not None else None,
-            "quantizer": self.name,
-            "already_quantized": self.exists,
-        }
-
-
-@dataclass
-class LeftInFloat:
-    node: str
-    op: str
-    reason: str
-
-    def to_dict(self) -> dict:
-        return {"node": self.node, "op": self.op, "reason": self.reason}
-
-
-@dataclass
-class LayerMatch:
-    layer: ir.Node
-    chain: Match
-    activation_input: ir.Value | None
-
-    def get(self, step: str) -> ir.Node | None:
-        return self.chain.get(step)
-
-
-@dataclass
-class QuantPlan:
-    config: QuantConfig
-    layers: list[LayerMatch] = field(default_factory=list)
-    weights: list[WeightPoint] = field(default_factory=list)
-    activations: list[ActivationPoint] = field(default_factory=list)
-    left_in_float: list[LeftInFloat] = field(default_factory=list)
-    other_ops: Counter = field(default_factory=Counter)
-
-    def new_weights(self) -> list[WeightPoint]:
-        return [p for p in self.weights if not p.exists]
-
-    def new_activations(self) -> list[ActivationPoint]:
-        return [p for p in self.activations if not p.exists]
-
-    def tensors_to_calibrate(self) -> list[str]:
-        return [p.value.name for p in self.new_activations()]
-
-    def is_empty(self) -> bool:
-        return not self.new_weights() and not self.new_activations()
-
-
-class PlanContext:
-    """What the placement rules share: the graph, the plan being built, and its bookkeeping."""
-
-    def __init__(self, graph: ir.Graph, config: QuantConfig):
-        self.graph = graph
-        self.config = config
-        self.view = GraphView(graph)
-        self.plan = QuantPlan(config)
-        self._points: dict[int, ActivationPoint] = {}
-        self._left: dict[str, LeftInFloat] = {}
-        self.handled: set[int] = set()  # nodes some rule looked at
-
-    def left(self, node: ir.Node, reason: str) -> None:
-        key = node.name or str(id(node))
-        if key not in self._left:
-            self._left[key] = LeftInFloat(node.name, node.op_type, reason)
-
-    def exists(self, value: ir.Value) -> bool:
-        return self.view.quantizer_after(value) is not None
-
-    def point(self, value: ir.Value) -> ActivationPoint | None:
-        return self._points.get(id(value))
-
-    def add_activation(self, value: ir.Value, kind: str, context: str, rule: str, producer: ir.Node | None, *,
-                       after_activation: bool = False, consumers: list[ir.Node] | None = None,
-                       ) -> ActivationPoint | None:
-        """Quantize ``value`` (once: a second rule asking for the same tensor shares the point)."""
-        if id(value) in self._points:
-            return self._points[id(value)]
-        if producer is not None:
-            reason = self.config.out_of_scope(producer)
-            if reason is not None:
-                self.left(producer, f"output not quantized: producer {reason}")
-                return None
-        for consumer in consumers or ():
-            reason = self.config.out_of_scope(consumer)
-            if reason is not None:
-                self.left(producer or consumer, f"output not quantized ({kind}): consumer {reason}")
-                return None
-        point = ActivationPoint(value, kind, context, rule, producer, after_activation, self.exists(value))
-        self._points[id(value)] = point
-        self.plan.activations.append(point)
-        return point
-
-    def is_quantized(self, value: ir.Value | None) -> bool:
-        """Quantized here or upstream, through range-preserving ops (TF's pass-through ops)."""
-        for _ in range(32):
-            if value is None:
-                return False
-            if id(value) in self._points or self.view.is_quantized(value):
-                return True
-            producer = value.producer()
-            if producer is None or producer.domain != "" or producer.op_type not in RANGE_PRESERVING_OPS:
-                return False
-            value = self.view.input(producer, 0)
-        return False
-
-    def finish(self) -> QuantPlan:
-        self.plan.left_in_float = list(self._left.values())
-        return self.plan
-
-
-class PlacementRule:
-    """One placement rule: ``candidates`` (match), ``check`` (the reason it does not apply, which
-    the report shows), ``apply`` (add quantization points to the plan). Rules run in order; a
-    later rule sees the points of the earlier ones."""
-
-    name = "rule"
-
-    def candidates(self, ctx: PlanContext):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def check(self, ctx: PlanContext, candidate) -> str | None:
-        return None
-
-    def apply(self, ctx: PlanContext, candidate) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def run(self, ctx: PlanContext) -> None:
-        for candidate in list(self.candidates(ctx)):
-            reason = self.check(ctx, candidate)
-            if reason is None:
-                self.apply(ctx, candidate)
-            elif isinstance(candidate, ir.Node):
-                ctx.left(candidate, reason)
+from qtool.onnx_rewrite.placement.plan import LayerMatch, PlacementRule, PlanContext, WeightPoint
 
 
 class FindLayers(PlacementRule):
@@ -412,37 +221,8 @@ class QuantizedArithmetic(PlacementRule):
         ctx.add_activation(out, kind, node.name or node.op_type, f"{node.op_type} of quantized inputs", node)
 
 
-class CountOtherOps(PlacementRule):
-    """Not a placement: counts the float work no rule looked at, for the report."""
-
-    name = "other ops"
-
-    def candidates(self, ctx):
-        skip = {"Constant", QUANTIZE, DEQUANTIZE}
-        return [n for n in ctx.graph if id(n) not in ctx.handled and n.op_type not in skip]
-
-    def apply(self, ctx, node):
-        inputs = [v for v in node.inputs if v is not None]
-        if inputs and all(is_constant(v) for v in inputs):
-            return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
-        ctx.plan.other_ops[node.op_type] += 1
-
-
 # TF's order (tf.contrib.quantize.python.quantize.Quantize); each rule sees the earlier ones' points
-RULES: tuple[PlacementRule, ...] = (FindLayers(), LayerWeights(), LayerChains(), GraphInputs(),
-                                    QuantizedArithmetic(), CountOtherOps())
+TF_RULES: tuple[PlacementRule, ...] = (FindLayers(), LayerWeights(), LayerChains(), GraphInputs(),
+                                       QuantizedArithmetic())
 
 
-def check_exclude(graph: ir.Graph, exclude) -> None:
-    """Every ``--exclude`` name must be a node of the model (typos would silently do nothing)."""
-    unknown = sorted(set(exclude or ()) - {n.name for n in graph.all_nodes()})
-    if unknown:
-        raise QtoolError(f"--exclude: no node named {', '.join(repr(u) for u in unknown)} in the model")
-
-
-def plan_quantization(graph: ir.Graph, config: QuantConfig, rules: tuple[PlacementRule, ...] = RULES) -> QuantPlan:
-    """The placement rules on ``graph`` (batch norms folded first). Pure: edits nothing."""
-    ctx = PlanContext(graph, config)
-    for rule in rules:
-        rule.run(ctx)
-    return ctx.finish()

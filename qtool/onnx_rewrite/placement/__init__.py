@@ -1,0 +1,47 @@
+"""Where quantizers go: the placement rules as a plan.
+
+- ``plan``: the plan (points, left-in-float reasons) and what rules share;
+- ``tf``: TensorFlow's rules (spec/rewrites.md section 2), in TF's order;
+- ``integer``: the rules that make every layer run in integers in onnxruntime
+  (section 2b), after TF's.
+
+:func:`plan_quantization` runs them all on a graph whose batch norms are
+folded; it is pure (edits nothing).
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from qtool.config import QuantConfig
+from qtool.errors import QtoolError
+from qtool.onnx_rewrite.placement.integer import INTEGER_RULES
+from qtool.onnx_rewrite.placement.plan import (
+    ActivationPoint,
+    LeftInFloat,
+    PlacementRule,
+    PlanContext,
+    QuantPlan,
+    WeightPoint,
+)
+from qtool.onnx_rewrite.placement.tf import TF_RULES
+
+RULES: tuple[PlacementRule, ...] = TF_RULES + INTEGER_RULES
+
+__all__ = ["RULES", "ActivationPoint", "LeftInFloat", "PlacementRule", "PlanContext", "QuantPlan", "WeightPoint",
+           "check_exclude", "plan_quantization"]
+
+
+def check_exclude(graph: ir.Graph, exclude) -> None:
+    """Every ``--exclude`` name must be a node of the model (typos would silently do nothing)."""
+    unknown = sorted(set(exclude or ()) - {n.name for n in graph.all_nodes()})
+    if unknown:
+        raise QtoolError(f"--exclude: no node named {', '.join(repr(u) for u in unknown)} in the model")
+
+
+def plan_quantization(graph: ir.Graph, config: QuantConfig, rules: tuple[PlacementRule, ...] = RULES) -> QuantPlan:
+    """The placement rules on ``graph`` (batch norms folded first). Pure: edits nothing."""
+    ctx = PlanContext(graph, config)
+    for rule in rules:
+        rule.run(ctx)
+    return ctx.finish()

@@ -1,0 +1,253 @@
+"""Section 2b: every layer runs in integers in onnxruntime (beyond TensorFlow's rules).
+
+onnxruntime fuses ``DequantizeLinear -> op -> QuantizeLinear`` into an integer
+kernel only where the Q/DQ pairs are there. Measured on small graphs of each
+pattern (``benchmarks/zoo/placement_experiments.py``, results in
+``benchmarks/zoo/FINDINGS.md``), these rules give the arrangements that let
+it run every Conv/MatMul/Gemm in integers with the fewest pairs:
+
+- :class:`LayerInputs`: every activation input of a layer op is quantized,
+  whatever produced it, including both inputs of a MatMul of two activations
+  (attention's ``Q.K^T`` and ``P.V``); the quantizer goes on the tensor before
+  any shape op (one quantizer per tensor, shared by its consumers);
+- :class:`IntegerOps` (one pass in graph order):
+  - shape ops (Reshape, Transpose, Flatten, (Un)Squeeze, Slice, Gather of an
+    activation, Split, MaxPool, Resize, DepthToSpace ...) **carry** their
+    input's quantizer: same scale and zero point, so they run on the integers;
+  - activation functions of a quantized tensor (Sigmoid, HardSigmoid,
+    HardSwish, Tanh, LeakyRelu, PRelu, Elu, Gelu, ...) get their output
+    quantized: onnxruntime has QLinearSigmoid/QLinearLeakyRelu, and for the
+    others the pair lets the next layer fuse (SiLU ``x * Sigmoid(x)`` then
+    becomes QLinearSigmoid + QLinearMul);
+  - a pooled tensor (GlobalAveragePool, AveragePool, ReduceMean) gets its own
+    range, never the wider one of the tensor before pooling;
+  - an Add or Mul of quantized tensors gets its output quantized (QLinearAdd,
+    QLinearMul), except the additive attention mask path: nothing that feeds a
+    Softmax is quantized, so ``-inf``/``-1e4`` masks are never clipped;
+  - a Concat's inputs and output share one range, the union (QLinearConcat
+    with no requantization);
+  - a Softmax output uses the fixed range [0, 1].
+- :class:`FloatOps` (last): every op left in float, with its reason, for the report.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from qtool.model.codec import DEQUANTIZE, QUANTIZE
+from qtool.model.constants import is_constant
+from qtool.model.layers import is_layer
+from qtool.model.names import context_of
+from qtool.onnx_rewrite.placement.plan import ActivationPoint, LeftInFloat, PlacementRule, PlanContext
+
+# ops whose output is their input's values rearranged (or a selection, or a nearest/linear resize):
+# they carry the input's quantizer
+CARRY_OPS = ("Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather", "Split",
+             "MaxPool", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Pad")
+# elementwise activations: their output gets its own range when their input is quantized
+ACTIVATION_FUNCTIONS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "LeakyRelu", "PRelu", "Elu",
+                        "Selu", "Gelu", "Softplus", "Mish")
+# pooling: a new (smaller) range
+POOLING_OPS = ("GlobalAveragePool", "AveragePool", "ReduceMean")
+SOFTMAX_RANGE = (0.0, 1.0)
+# ops onnxruntime runs in integers when Q/DQ surround them (QDQ selectors), for the float-op report
+INTEGER_KERNELS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Sigmoid", "LeakyRelu", "Concat",
+                   "GlobalAveragePool", "AveragePool", "Softmax", "Relu", "Clip", *CARRY_OPS}
+
+
+def _variable_inputs(ctx: PlanContext, node: ir.Node) -> list[ir.Value]:
+    return [v for v in (ctx.view.input(node, i) for i in range(len(node.inputs))) if v is not None and not is_constant(v)]
+
+
+def _feeds_softmax(ctx: PlanContext, value: ir.Value) -> bool:
+    return any(c.domain == "" and c.op_type in ("Softmax", "LogSoftmax") for c in ctx.view.consumers(value))
+
+
+def _carry_root(ctx: PlanContext, value: ir.Value | None) -> ir.Value | None:
+    """The tensor before any shape op: where a layer input's quantizer goes."""
+    for _ in range(32):
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.domain != "" or producer.op_type not in CARRY_OPS or ctx.is_quantized(value):
+            return value
+        if producer.op_type == "Gather" and (not producer.inputs or is_constant(ctx.view.input(producer, 0))):
+            return value  # an embedding lookup: its output is the activation
+        value = ctx.view.input(producer, 0)
+    return value
+
+
+class LayerInputs(PlacementRule):
+    """Every activation input of a layer op is quantized (both inputs of a MatMul of two activations)."""
+
+    name = "layer inputs"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if is_layer(n)]
+
+    def check(self, ctx, node):
+        return ctx.config.out_of_scope(node) and f"input not quantized: {ctx.config.out_of_scope(node)}"
+
+    def apply(self, ctx, node):
+        indices = (0,) if not (node.op_type == "MatMul" and _two_activations(ctx, node)) else (0, 1)
+        for index in indices:
+            x = ctx.view.input(node, index)
+            if x is None or is_constant(x) or ctx.is_quantized(x):
+                continue
+            root = _carry_root(ctx, x)
+            if root is None or is_constant(root) or root.is_initializer():
+                continue
+            if _feeds_softmax(ctx, root):
+                ctx.left(node, f"input '{x.name}' not quantized: it also feeds a Softmax (attention mask path)")
+                continue
+            producer = root.producer()
+            ctx.add_activation(root, "input_quant", context_of(node.name or node.op_type),
+                               f"input of {node.op_type} '{node.name}'", producer,
+                               after_activation=producer is not None and producer.op_type in ("Relu", "Clip"))
+        if len(indices) == 2 and all(ctx.is_quantized(ctx.view.input(node, i)) for i in indices):
+            ctx.forget_left(node)  # a MatMul of two activations: integer (MatMulIntegerToFloat, QLinearMatMul)
+
+
+def _two_activations(ctx: PlanContext, node: ir.Node) -> bool:
+    return len(_variable_inputs(ctx, node)) == 2
+
+
+class IntegerOps(PlacementRule):
+    """One pass in graph order: carry through shape ops, activation and pooling outputs, arithmetic
+    of quantized tensors, Concat groups, Softmax outputs (module docstring)."""
+
+    name = "integer ops"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if n.domain == ""]
+
+    def apply(self, ctx, node):
+        op = node.op_type
+        if op in CARRY_OPS:
+            self._carry(ctx, node)
+        elif op in ACTIVATION_FUNCTIONS or op in POOLING_OPS:
+            self._own_range(ctx, node)
+        elif op in ("Add", "Mul"):
+            self._arithmetic(ctx, node)
+        elif op == "Concat":
+            self._concat(ctx, node)
+        elif op == "Softmax":
+            ctx.add_activation(node.outputs[0], "softmax_quant", context_of(node.name or op),
+                               "Softmax output: fixed range [0, 1]", node, fixed_range=SOFTMAX_RANGE)
+
+    @staticmethod
+    def _carry(ctx, node):
+        x = ctx.view.input(node, 0) if node.inputs else None
+        if x is None or is_constant(x):
+            return
+        source = ctx.point(x)
+        if source is None:
+            return
+        for out in node.outputs:
+            if out is not None and not _feeds_softmax(ctx, out):
+                ctx.add_activation(out, "carried_quant", context_of(node.name or node.op_type),
+                                   f"{node.op_type} carries its input's quantizer", node, source=source)
+
+    @staticmethod
+    def _own_range(ctx, node):
+        x = ctx.view.input(node, 0) if node.inputs else None
+        if x is None or not ctx.is_quantized(x) or _feeds_softmax(ctx, node.outputs[0]):
+            return
+        kind = "pool_quant" if node.op_type in POOLING_OPS else "act_quant"
+        ctx.add_activation(node.outputs[0], kind, context_of(node.name or node.op_type),
+                           f"{node.op_type} of a quantized tensor (its own range)", node,
+                           after_activation=node.op_type in ("Relu", "Clip"))
+
+    @staticmethod
+    def _arithmetic(ctx, node):
+        variable = _variable_inputs(ctx, node)
+        out = node.outputs[0]
+        if len(variable) < 2 or ctx.point(out) is not None or _feeds_softmax(ctx, out):
+            return  # with a float constant operand onnxruntime has no integer kernel (QLinearAdd/Mul need two)
+        consumers = ctx.view.consumers(out)
+        if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ("Relu", "Clip"):
+            return  # onnxruntime fuses the activation into QLinearAdd/QLinearMul: its output is the quantized one
+        if all(ctx.is_quantized(v) for v in variable):
+            ctx.add_activation(out, f"activation_{node.op_type}_quant", node.name or node.op_type,
+                               f"{node.op_type} of two quantized tensors (QLinear{node.op_type})", node)
+
+    @staticmethod
+    def _concat(ctx, node):
+        inputs = _variable_inputs(ctx, node)
+        if not inputs or _feeds_softmax(ctx, node.outputs[0]):
+            return
+        group = id(node)
+        ctx_name = context_of(node.name or "Concat")
+        members = []
+        for x in inputs:
+            point = ctx.point(x)
+            if point is None:
+                point = ctx.add_activation(x, "concat_input_quant", ctx_name, "Concat input (one range: the union)",
+                                           x.producer(), group=group)
+            if point is not None:
+                members.append(point.root())
+        out = ctx.add_activation(node.outputs[0], "concat_quant", ctx_name, "Concat output (one range: the union)",
+                                 node, group=group)
+        if out is not None:
+            members.append(out.root())
+        _join(ctx, members, group)
+
+
+def _join(ctx: PlanContext, members: list[ActivationPoint], group: int) -> None:
+    """Put ``members`` (and every point already grouped with one of them) in one group."""
+    old = {m.group for m in members if m.group is not None and m.group != group}
+    for point in ctx.plan.activations:
+        if point.group in old:
+            point.group = group
+    for m in members:
+        if m.calibrated:
+            m.group = group
+
+
+class FloatOps(PlacementRule):
+    """Not a placement: every op that stays in float, with its reason (the report), and the counts."""
+
+    name = "float ops"
+
+    def candidates(self, ctx):
+        skip = {"Constant", QUANTIZE, DEQUANTIZE}
+        return [n for n in ctx.graph if n.op_type not in skip and not is_layer(n)]
+
+    def apply(self, ctx, node):
+        inputs = [v for v in node.inputs if v is not None]
+        if inputs and all(is_constant(v) for v in inputs):
+            return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
+        outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
+        variable = _variable_inputs(ctx, node)
+        inputs_quantized = all(ctx.is_quantized(v) for v in variable)
+        if node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized:
+            return
+        if id(node) in ctx.handled and outputs_quantized:
+            return  # a layer chain's bias Add or activation: fused into the layer's integer kernel
+        if inputs_quantized and _fused_activation(ctx, node):
+            return  # Add/Mul -> Relu/Clip: onnxruntime fuses the activation into QLinearAdd/QLinearMul
+        ctx.plan.other_ops[node.op_type] += 1
+        ctx.plan.float_ops.append(LeftInFloat(node.name, node.op_type, _float_reason(ctx, node, variable)))
+
+
+def _fused_activation(ctx: PlanContext, node: ir.Node) -> bool:
+    """An Add/Mul whose only consumer is a Relu/Clip with a quantized output."""
+    if node.op_type not in ("Add", "Mul") or not node.outputs:
+        return False
+    consumers = ctx.view.consumers(node.outputs[0])
+    return (len(consumers) == 1 and consumers[0].op_type in ("Relu", "Clip")
+            and ctx.point(consumers[0].outputs[0]) is not None)
+
+
+def _float_reason(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> str:
+    if node.domain != "":
+        return f"custom op ({node.domain}): no integer kernel"
+    if node.op_type not in INTEGER_KERNELS:
+        return f"onnxruntime has no integer kernel for {node.op_type}: it runs in float"
+    if _feeds_softmax(ctx, node.outputs[0]) if node.outputs else False:
+        return "it feeds a Softmax (kept float so an attention mask is not clipped)"
+    missing = [v.name for v in variable if not ctx.is_quantized(v)]
+    if missing:
+        return f"input '{missing[0]}' is not quantized"
+    return "its output is not quantized"
+
+
+INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), FloatOps())

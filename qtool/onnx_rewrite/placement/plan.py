@@ -1,0 +1,301 @@
+"""The quantization plan and what placement rules share.
+
+A :class:`QuantPlan` lists weight quantization points (the weight tensor,
+the layers reading it, the per-channel axis), activation quantization points
+(the tensor, the rule that placed it, and where its range comes from: its
+own calibration, a fixed range, the quantizer it carries through a shape op,
+or the union of a group that must share one range), and the nodes left in
+float with the reason. Rules (:class:`PlacementRule`) add to it through a
+:class:`PlanContext`; encodings (``eval_graph``, ``train_graph``) consume it.
+"""
+
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from qtool.config import QuantConfig
+from qtool.model.graph import GraphView
+from qtool.model.opset import inferred_types
+from qtool.onnx_rewrite.matcher import Match
+from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
+
+DEFAULT_RANGE = (-6.0, 6.0)
+DEFAULT_RANGE_AFTER_ACTIVATION = (0.0, 6.0)
+
+
+@dataclass
+class WeightPoint:
+    value: ir.Value  # the weight tensor the layers read
+    layers: list[ir.Node]
+    axis: int | None  # per-channel axis; None for one range per tensor
+    context: str
+    exists: bool = False  # the layers already read a DequantizeLinear
+
+    @property
+    def name(self) -> str:
+        return f"{self.context}/weights_quant"
+
+    def to_dict(self) -> dict:
+        return {
+            "tensor": self.value.name,
+            "layers": [n.name for n in self.layers],
+            "op": self.layers[0].op_type,
+            "axis": self.axis,
+            "quantizer": self.name,
+            "already_quantized": self.exists,
+        }
+
+
+@dataclass
+class ActivationPoint:
+    """A tensor to quantize, and where its range comes from (one of):
+
+    - its own calibration (the default);
+    - ``fixed_range``: a range known in advance (a Softmax output is in [0, 1]);
+    - ``source``: the quantizer it carries through a shape op (Reshape, Transpose, MaxPool ...):
+      the same range, so the op runs on the integers without requantization;
+    - ``group``: tensors that must share one range (a Concat's inputs and output): the union of
+      the members' calibrated ranges.
+    """
+
+    value: ir.Value
+    kind: str  # act_quant, conv_quant, add_quant, post_activation_bypass_quant, activation_Add_quant, input_quant ...
+    context: str
+    rule: str
+    producer: ir.Node | None
+    after_activation: bool = False
+    exists: bool = False
+    source: ActivationPoint | None = None
+    fixed_range: tuple[float, float] | None = None
+    group: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.context}/{self.kind}" if self.context else self.kind
+
+    @property
+    def default_range(self) -> tuple[float, float]:
+        if self.fixed_range is not None:
+            return self.fixed_range
+        if self.source is not None:
+            return self.source.default_range
+        return DEFAULT_RANGE_AFTER_ACTIVATION if self.after_activation else DEFAULT_RANGE
+
+    @property
+    def calibrated(self) -> bool:
+        """Its range is observed on data (its own, or a share of its group's)."""
+        return self.fixed_range is None and self.source is None
+
+    def root(self) -> ActivationPoint:
+        """The point whose range this one uses (itself, or the end of its ``source`` chain)."""
+        point = self
+        while point.source is not None:
+            point = point.source
+        return point
+
+    def to_dict(self) -> dict:
+        d = {
+            "tensor": self.value.name,
+            "kind": self.kind,
+            "rule": self.rule,
+            "producer": self.producer.name if self.producer is not None else None,
+            "quantizer": self.name,
+            "already_quantized": self.exists,
+        }
+        if self.source is not None:
+            d["same_as"] = self.root().value.name
+        if self.fixed_range is not None:
+            d["fixed_range"] = list(self.fixed_range)
+        return d
+
+
+@dataclass
+class LeftInFloat:
+    node: str
+    op: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "op": self.op, "reason": self.reason}
+
+
+@dataclass
+class LayerMatch:
+    layer: ir.Node
+    chain: Match
+    activation_input: ir.Value | None
+
+    def get(self, step: str) -> ir.Node | None:
+        return self.chain.get(step)
+
+
+@dataclass
+class QuantPlan:
+    config: QuantConfig
+    layers: list[LayerMatch] = field(default_factory=list)
+    weights: list[WeightPoint] = field(default_factory=list)
+    activations: list[ActivationPoint] = field(default_factory=list)
+    left_in_float: list[LeftInFloat] = field(default_factory=list)  # layers and placements that did not apply
+    float_ops: list[LeftInFloat] = field(default_factory=list)  # other ops that run in float, and why
+    other_ops: Counter = field(default_factory=Counter)
+
+    def new_weights(self) -> list[WeightPoint]:
+        return [p for p in self.weights if not p.exists]
+
+    def new_activations(self) -> list[ActivationPoint]:
+        return [p for p in self.activations if not p.exists]
+
+    def tensors_to_calibrate(self) -> list[str]:
+        return [p.value.name for p in self.new_activations() if p.calibrated]
+
+    def groups(self) -> dict[int, list[ActivationPoint]]:
+        groups: dict[int, list[ActivationPoint]] = {}
+        for p in self.activations:
+            if p.group is not None:
+                groups.setdefault(p.group, []).append(p)
+        return groups
+
+    def resolve(self, ranges: dict | None) -> dict[str, tuple[tuple[float, float], str]]:
+        """Every new point's range and where it came from (``calibration``, ``default``, ``fixed``,
+        ``carried``), by tensor name, from the calibrated ``ranges`` (None: no data). A carried point
+        takes its source's range; a group takes the union of its members' ranges."""
+        own: dict[str, tuple[tuple[float, float], str]] = {}
+        for p in self.activations:
+            if p.calibrated:
+                r = (ranges or {}).get(p.value.name)
+                own[p.value.name] = (tuple(r), "calibration") if r is not None else (p.default_range, "default")
+            elif p.fixed_range is not None:
+                own[p.value.name] = (p.fixed_range, "fixed")
+        for members in self.groups().values():
+            found = [own[m.value.name] for m in members if m.value.name in own]
+            if found:
+                union = (min(r[0][0] for r in found), max(r[0][1] for r in found))
+                label = "calibration" if any(r[1] == "calibration" for r in found) else "default"
+                for m in members:
+                    own[m.value.name] = (union, label)
+        resolved = {}
+        for p in self.activations:
+            root = p.root()
+            rng, label = own.get(root.value.name, (root.default_range, "default"))
+            resolved[p.value.name] = (rng, "carried" if p.source is not None else label)
+        return resolved
+
+    def is_empty(self) -> bool:
+        return not self.new_weights() and not self.new_activations()
+
+
+class PlanContext:
+    """What the placement rules share: the graph, the plan being built, and its bookkeeping."""
+
+    def __init__(self, graph: ir.Graph, config: QuantConfig):
+        self.graph = graph
+        self.config = config
+        self.view = GraphView(graph)
+        self.plan = QuantPlan(config)
+        self._points: dict[int, ActivationPoint] = {}
+        self._left: dict[str, LeftInFloat] = {}
+        self.handled: set[int] = set()  # nodes some rule looked at
+        self._types: dict | None = None  # inferred element types, computed when first needed
+
+    def left(self, node: ir.Node, reason: str) -> None:
+        key = node.name or str(id(node))
+        if key not in self._left:
+            self._left[key] = LeftInFloat(node.name, node.op_type, reason)
+
+    def forget_left(self, node: ir.Node) -> None:
+        """A later rule made ``node`` run in integers after all: it is not left in float."""
+        self._left.pop(node.name or str(id(node)), None)
+
+    def is_float(self, value: ir.Value) -> bool:
+        """A float32 tensor (typed in the model, or by shape inference; unknown counts as float)."""
+        dtype = value.dtype
+        if dtype is None:
+            if self._types is None:
+                self._types = inferred_types(self.graph)
+            dtype = self._types.get(value.name)
+        return dtype is None or dtype == ir.DataType.FLOAT
+
+    def exists(self, value: ir.Value) -> bool:
+        return self.view.quantizer_after(value) is not None
+
+    def point(self, value: ir.Value) -> ActivationPoint | None:
+        return self._points.get(id(value))
+
+    def add_activation(self, value: ir.Value, kind: str, context: str, rule: str, producer: ir.Node | None, *,
+                       after_activation: bool = False, consumers: list[ir.Node] | None = None,
+                       source: ActivationPoint | None = None, fixed_range: tuple[float, float] | None = None,
+                       group: int | None = None) -> ActivationPoint | None:
+        """Quantize ``value`` (once: a second rule asking for the same tensor shares the point);
+        ``source``, ``fixed_range``, ``group``: where its range comes from (:class:`ActivationPoint`)."""
+        if id(value) in self._points:
+            return self._points[id(value)]
+        if not self.is_float(value):
+            return None  # shapes, indices, masks: not activations
+        if producer is not None:
+            reason = self.config.out_of_scope(producer)
+            if reason is not None:
+                self.left(producer, f"output not quantized: producer {reason}")
+                return None
+        for consumer in consumers or ():
+            reason = self.config.out_of_scope(consumer)
+            if reason is not None:
+                self.left(producer or consumer, f"output not quantized ({kind}): consumer {reason}")
+                return None
+        point = ActivationPoint(value, kind, context, rule, producer, after_activation, self.exists(value),
+                               source, fixed_range, group)
+        self._points[id(value)] = point
+        self.plan.activations.append(point)
+        return point
+
+    def is_quantized(self, value: ir.Value | None) -> bool:
+        """Quantized here or upstream, through range-preserving ops (TF's pass-through ops)."""
+        for _ in range(32):
+            if value is None:
+                return False
+            if id(value) in self._points or self.view.is_quantized(value):
+                return True
+            producer = value.producer()
+            if producer is None or producer.domain != "" or producer.op_type not in RANGE_PRESERVING_OPS:
+                return False
+            value = self.view.input(producer, 0)
+        return False
+
+    def finish(self) -> QuantPlan:
+        # a later rule may have quantized what an earlier one left: the report keeps what is still float
+        done = {id(p.producer) for p in self.plan.activations if p.producer is not None}
+        by_name = {n.name: n for n in self.graph}
+        self.plan.left_in_float = [x for x in self._left.values()
+                                   if not (x.reason.startswith("output not quantized")
+                                           and id(by_name.get(x.node)) in done)]
+        return self.plan
+
+
+class PlacementRule:
+    """One placement rule: ``candidates`` (match), ``check`` (the reason it does not apply, which
+    the report shows), ``apply`` (add quantization points to the plan). Rules run in order; a
+    later rule sees the points of the earlier ones."""
+
+    name = "rule"
+
+    def candidates(self, ctx: PlanContext):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def check(self, ctx: PlanContext, candidate) -> str | None:
+        return None
+
+    def apply(self, ctx: PlanContext, candidate) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def run(self, ctx: PlanContext) -> None:
+        for candidate in list(self.candidates(ctx)):
+            reason = self.check(ctx, candidate)
+            if reason is None:
+                self.apply(ctx, candidate)
+            elif isinstance(candidate, ir.Node):
+                ctx.left(candidate, reason)
+
+

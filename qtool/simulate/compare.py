@@ -1,0 +1,292 @@
+"""The comparison of one quantized model with the float model: what to read, and the streaming sums.
+
+:func:`plan_model` reads the quantized graph (its quantizers, their float
+counterparts, its weights against the folded float weights) and prepares
+the sessions; :meth:`ModelAcc.update` adds one batch to the float64 sums of
+the metric kernels; :meth:`ModelAcc.result` turns the sums into a
+:class:`~qtool.simulate.result.ModelResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.errors import QtoolError
+from qtool.kernels import metrics as m
+from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
+from qtool.simulate import graph as g
+from qtool.simulate.result import (
+    ActivationError,
+    ErrorNumbers,
+    Histogram,
+    LayerSensitivity,
+    ModelResult,
+    Unmatched,
+    WeightError,
+    value_ranges,
+    worst_first,
+)
+from qtool.simulate.session import Runner
+from qtool.simulate.whatif import QuantizedModel
+
+HIST_BINS = 64
+HIST_MARGIN = 0.25  # histogram range: the quantizer's range widened by this fraction on each side
+
+
+@dataclass
+class Batch:
+    """What every model of one batch is compared with: the float model's output and tensors."""
+
+    number: int
+    feed: dict[str, np.ndarray]
+    float_out: np.ndarray  # samples first
+    float_top: np.ndarray | None  # top-1 per sample (None for one value per sample)
+    labels: np.ndarray | None
+    float_values: dict[str, np.ndarray]
+    batch_axis: int
+
+
+@dataclass
+class TensorAcc:
+    quantizer: g.ActivationQuantizer
+    read: str  # the quantized model's tensor that is read
+    layer: str | None
+    stats: np.ndarray = field(default_factory=m.empty_stats)
+    hist: np.ndarray | None = None
+    hist_range: tuple[float, float] | None = None
+    problem: str | None = None
+
+    def update(self, ref: np.ndarray | None, test: np.ndarray | None) -> None:
+        if self.problem:
+            return
+        q = self.quantizer
+        if ref is None or test is None:
+            self.problem = "tensor not produced by onnxruntime"
+            return
+        if ref.size != test.size:
+            self.problem = f"float tensor has shape {list(ref.shape)}, the quantized one {list(test.shape)}"
+            return
+        if q.reads_codes and self.read == q.codes.name:
+            part = m.pair_stats(ref, test, q.scale, q.zero_point, q.representable)
+        else:
+            part = m.pair_stats(ref, test, None, 0, q.representable)
+        m.combine(self.stats, part)
+        if self.hist is not None:
+            m.histogram_update(ref, self.hist_range[0], self.hist_range[1], self.hist)
+
+    def result(self) -> ActivationError:
+        q = self.quantizer
+        base = dict(quantizer=q.name, tensor=q.float_value.name, float_tensor=q.counterpart, matched_by=q.how,
+                    layer=self.layer, quantizer_range=q.representable)
+        if self.problem:
+            return ActivationError(**base, problem=self.problem)
+        float_range, quantized_range = value_ranges(self.stats)
+        clipped = {}
+        if q.representable is not None and self.stats[m.COUNT] + self.stats[m.NONFINITE]:
+            clipped = dict(clipped_low=int(self.stats[m.CLIP_LOW]), clipped_high=int(self.stats[m.CLIP_HIGH]))
+        hist = None
+        if self.hist is not None:
+            hist = Histogram(self.hist_range, self.hist[:-2].tolist(), int(self.hist[-2]), int(self.hist[-1]))
+        return ActivationError(**base, error=ErrorNumbers.from_stats(self.stats), float_range=float_range,
+                               quantized_range=quantized_range, histogram=hist, **clipped)
+
+
+def samples_first(out: np.ndarray, axis: int, n: int, label: str, output: str) -> np.ndarray:
+    """``out`` with its samples axis first; a clear error when it does not hold the batch's samples."""
+    out = np.asarray(out)
+    if out.ndim == 0 or not -out.ndim <= axis < out.ndim:
+        raise QtoolError(f"{label} output {output!r} has shape {list(out.shape)}: it has no batch axis {axis} "
+                         "(name the samples axis with --batch-axis)")
+    if out.shape[axis] != n:
+        hint = " (name the samples axis with --batch-axis OUTPUT=AXIS)" if axis == 0 else ""
+        raise QtoolError(f"{label} output {output!r} has shape {list(out.shape)}: expected the {n} samples of "
+                         f"the batch on axis {axis}{hint}")
+    return np.ascontiguousarray(np.moveaxis(out, axis, 0)) if axis % out.ndim else out
+
+
+@dataclass
+class ModelAcc:
+    """The running sums of one model (or of one single-layer model for sensitivity)."""
+
+    name: str
+    runner: Runner
+    tensors: list[TensorAcc] = field(default_factory=list)
+    stats: np.ndarray = field(default_factory=m.empty_stats)
+    correct: int = 0
+    agree: int = 0
+
+    def update(self, batch: Batch) -> None:
+        raw, values = self.runner.run(batch.feed, batch.number)
+        out = samples_first(raw, batch.batch_axis, len(batch.float_out), f"the model '{self.runner.label}'",
+                            self.runner.output)
+        if out.shape != batch.float_out.shape:
+            raise QtoolError(f"the model '{self.runner.label}' output {self.runner.output!r} has shape "
+                             f"{list(out.shape)}, the float model's {list(batch.float_out.shape)} (samples first)")
+        m.combine(self.stats, m.pair_stats(batch.float_out, out))
+        if batch.float_top is not None:
+            top = m.argmax_rows(out)
+            self.agree += m.count_equal(top, batch.float_top)
+            if batch.labels is not None:
+                self.correct += m.count_equal(top, batch.labels)
+        for t in self.tensors:
+            test = values.get(t.read)
+            if test is None and t.read == self.runner.output:
+                test = raw
+            t.update(batch.float_values.get(t.quantizer.counterpart), test)
+
+    def rates(self, total: int, has_labels: bool, classes: bool):
+        """(accuracy, correct, agreement); None where not measured."""
+        correct = self.correct if has_labels and classes else None
+        return (None if correct is None else correct / total), correct, (self.agree / total if classes else None)
+
+
+@dataclass
+class QuantizedAcc(ModelAcc):
+    """A quantized model: its sums, what was found in its graph, and its single-layer models."""
+
+    quantized: QuantizedModel | None = None
+    unmatched: list[Unmatched] = field(default_factory=list)
+    weights: list[WeightError] = field(default_factory=list)
+    sensitivity: list[tuple[ir.Node, ModelAcc]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def runners(self) -> list[Runner]:
+        return [self.runner] + [s.runner for _, s in self.sensitivity or ()]
+
+    def update(self, batch: Batch) -> None:
+        super().update(batch)
+        for _, s in self.sensitivity or ():
+            s.update(batch)
+
+    def result(self, total: int, has_labels: bool, classes: bool) -> ModelResult:
+        if self.runner.plain_every_batch:
+            self.notes.append("the output changed when tensors were added as outputs: the model numbers come "
+                              "from the unmodified model, run beside the instrumented copy")
+        accuracy, correct, agreement = self.rates(total, has_labels, classes)
+        sens = None
+        if self.sensitivity is not None:
+            sens = [LayerSensitivity(layer.name, layer.op_type, ErrorNumbers.from_stats(s.stats),
+                                     *[s.rates(total, has_labels, classes)[i] for i in (0, 2)])
+                    for layer, s in self.sensitivity]
+            sens.sort(key=worst_first)
+        q = self.quantized
+        return ModelResult(
+            name=q.name, source=q.source, accuracy=accuracy, correct=correct, agreement=agreement,
+            output=ErrorNumbers.from_stats(self.stats),
+            activations=sorted((t.result() for t in self.tensors), key=worst_first),
+            weights=sorted(self.weights, key=worst_first), unmatched_activations=self.unmatched,
+            sensitivity=sens, notes=self.notes, weight_bits=q.weight_bits, activation_bits=q.activation_bits,
+        )
+
+
+class FloatReference:
+    """The float model named as ``rewrite_eval`` names it, and its folded copies (for the weights)."""
+
+    def __init__(self, model: ir.Model):
+        self.model = model  # ours: a fresh load or a copy
+        name_unnamed_nodes(model.graph)
+        self._folded: dict[frozenset, ir.Graph | None] = {}
+
+    def folded(self, q_graph: ir.Graph) -> ir.Graph | None:
+        """The float graph with the batch norms folded that ``q_graph`` folded (None when it cannot be)."""
+        exclude = g.kept_batch_norms(q_graph, self.model.graph)
+        if exclude not in self._folded:
+            folded = self.model.clone()
+            try:
+                fold_batch_norms(folded.graph, NameScope(folded.graph), exclude=exclude)
+                self._folded[exclude] = folded.graph
+            except QtoolError:
+                self._folded[exclude] = None
+        return self._folded[exclude]
+
+
+def _weights(qg: g.QuantizedGraph, float_arrays: dict) -> list[WeightError]:
+    out = []
+    for w in qg.weights:
+        deq, ref = w.dequantized(), float_arrays.get(w.name)
+        base = dict(quantizer=w.name, layer=w.layer.name, op=w.layer.op_type,
+                    role="weight" if w.index == 1 else "bias",
+                    dtype=g.dtype_name(w.dq.inputs[0]) or g.dtype_name(w.dq.inputs[2] if len(w.dq.inputs) > 2 else None))
+        if deq is None or ref is None:
+            out.append(WeightError(**base, problem="no float value to compare with"))
+        elif ref.shape != deq.shape:
+            out.append(WeightError(**base, problem=f"shape {list(deq.shape)} differs from the float {list(ref.shape)}"))
+        else:
+            st = m.pair_stats(ref, deq)
+            fr, qr = value_ranges(st)
+            out.append(WeightError(**base, error=ErrorNumbers.from_stats(st), float_range=fr, quantized_range=qr))
+    return out
+
+
+def _tensor(act: g.ActivationQuantizer, layer: str | None, histograms: bool) -> TensorAcc:
+    acc = TensorAcc(act, act.codes.name if act.reads_codes else act.output.name, layer)
+    if histograms and act.representable is not None:
+        lo, hi = act.representable
+        pad = (hi - lo) * HIST_MARGIN if hi > lo else 1.0
+        acc.hist_range = (lo - pad, hi + pad)
+        acc.hist = np.zeros(HIST_BINS + 2, np.int64)
+    return acc
+
+
+def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity: bool,
+               histograms: bool) -> QuantizedAcc:
+    """Find the quantizers of ``q``, their float counterparts, and the sessions that read them."""
+    q_graph = q.model.model.graph
+    g.name_unnamed_layers(q_graph)  # ours to edit (a fresh load or a copy); layers are found by name
+    qg = g.find_quantizers(q_graph)
+    g.map_counterparts(q_graph, ref.model.graph, qg)
+    f_folded = ref.folded(q_graph)
+    float_arrays = g.float_weights(f_folded, qg, ref.model.graph) if f_folded is not None else {w.name: None for w in qg.weights}
+    layer_of = g.quantizer_layers(qg)
+    acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays))
+    acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
+    for act in qg.activations:
+        if act.counterpart is None:
+            acc.unmatched.append(Unmatched(act.name, act.float_value.name, act.how))
+        else:
+            acc.tensors.append(_tensor(act, layer_of.get(act.name), histograms))
+    values = g.value_index(q_graph)
+    readable = {t.read for t in acc.tensors if t.read in values and not values[t.read].is_graph_input()}
+    for t in acc.tensors:
+        if t.read not in readable:
+            t.problem = f"cannot read '{t.read}' from the quantized model"
+    dtypes = {a.codes.name: a.codes_dtype for a in qg.activations if a.codes_dtype is not None}
+    extra = [values[name] for name in dict.fromkeys(t.read for t in acc.tensors) if name in readable]
+    acc.runner = Runner(q.name, output, q.model.model, q.model.path, extra, dtypes)
+    if sensitivity:
+        acc.sensitivity = _single_layer_models(q, qg, f_folded, float_arrays, output, acc.notes)
+    return acc
+
+
+def _single_layer_models(q: QuantizedModel, qg: g.QuantizedGraph, f_folded, float_arrays, output: str,
+                         notes: list[str]) -> list[tuple[ir.Node, ModelAcc]]:
+    if f_folded is None:
+        notes.append("sensitivity: the float model could not be folded like the quantized one")
+    out = []
+    clamping = g.clamping_quantizers(qg)
+    for layer in qg.layers():
+        single, why = g.single_layer_model(q.model.model, layer.name, float_arrays, clamping)
+        if single is None:
+            notes.append(f"sensitivity: layer '{layer.name}' skipped: {why}")
+            continue
+        out.append((layer, ModelAcc(layer.name, Runner(f"{q.name} only {layer.name}", output, single))))
+    return out
+
+
+def float_runner(ref: FloatReference, path: str | None, accs: list[QuantizedAcc], output: str,
+                 inputs: set[str]) -> Runner:
+    """The float model's runner, reading every counterpart the quantized models need."""
+    values = g.value_index(ref.model.graph)
+    needed = [t.quantizer.counterpart for a in accs for t in a.tensors if not t.problem]
+    needed = [n for n in dict.fromkeys(needed) if n not in inputs and n != output]
+    for a in accs:
+        for t in a.tensors:
+            name = t.quantizer.counterpart
+            if not t.problem and name not in inputs and name != output and name not in values:
+                t.problem = f"cannot read float tensor '{name}'"
+    extra = [values[n] for n in needed if n in values]
+    return Runner("float", output, ref.model, path, extra)

@@ -1,0 +1,126 @@
+"""What a simulation reads: the models (through the one model loader) and the data with its labels."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from qtool.data import CalibrationData, input_specs, load_calibration_data
+from qtool.errors import QtoolError
+from qtool.model.io import load_model
+
+
+@dataclass
+class ModelInput:
+    """A model to run: its IR (ours to edit: a fresh load or a copy), its file if any, and a label."""
+
+    model: ir.Model
+    path: str | None
+    label: str
+
+
+def load(model, what: str) -> ModelInput:
+    """A path (read lazily: external data stays on disk), an ``onnx.ModelProto`` or an ``onnx_ir.Model``.
+
+    A model given in memory is copied (the copy shares the tensors), so the caller's is never edited.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        return ModelInput(load_model(path).model, path, path)
+    if isinstance(model, onnx.ModelProto):
+        return ModelInput(ir.serde.deserialize_model(model), None, f"<{what}>")
+    if isinstance(model, ir.Model):
+        return ModelInput(model.clone(), None, f"<{what}>")
+    raise QtoolError(f"{what} must be a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
+
+
+def output_name(model: ModelInput, output: str | None) -> str:
+    """The compared output: ``output``, checked, or the model's first."""
+    names = [v.name for v in model.model.graph.outputs]
+    if not names:
+        raise QtoolError(f"the model '{model.label}' has no outputs")
+    if output is None:
+        return names[0]
+    if output not in names:
+        raise QtoolError(f"the model '{model.label}' has no output {output!r} (outputs: {', '.join(names)})")
+    return output
+
+
+def _read_arrays(data) -> tuple[dict[str, np.ndarray], str | None]:
+    if isinstance(data, (str, os.PathLike)):
+        label = os.fspath(data)
+        if not os.path.exists(label):
+            raise QtoolError(f"data file '{label}' does not exist")
+        try:
+            with np.load(label, allow_pickle=False) as archive:
+                if not hasattr(archive, "files"):
+                    raise QtoolError(f"data file '{label}' is not an .npz archive")
+                return {name: archive[name] for name in archive.files}, label
+        except QtoolError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise QtoolError(f"cannot read data file '{label}': not a valid .npz file ({exc})") from exc
+    if isinstance(data, np.ndarray):
+        return {"": data}, None
+    if isinstance(data, dict):
+        return {str(k): np.asarray(v) for k, v in data.items()}, None
+    raise QtoolError(f"data must be an .npz path or a dict of arrays, got {type(data).__name__}")
+
+
+def _labels(arrays: dict, labels: str, where: str) -> np.ndarray:
+    if labels not in arrays:
+        have = ", ".join(repr(k) for k in arrays if k) or "none"
+        raise QtoolError(f"no labels array {labels!r} in {where} (arrays: {have})")
+    label_array = np.asarray(arrays.pop(labels))
+    if label_array.ndim == 2 and label_array.shape[1] == 1:
+        label_array = label_array[:, 0]
+    if label_array.ndim != 1:
+        raise QtoolError(f"labels {labels!r} must be one class id per sample (1-D), got shape {list(label_array.shape)}")
+    if label_array.dtype.kind not in "iu":
+        raise QtoolError(f"labels {labels!r} must be integer class ids, got dtype {label_array.dtype}")
+    return label_array
+
+
+def read_data(data, model: ir.Model, labels: str | None) -> tuple[CalibrationData, np.ndarray | None]:
+    """The evaluation data checked against the model's inputs, and the labels (or None)."""
+    arrays, label = _read_arrays(data)
+    where = f"'{label}'" if label else "the data"
+    label_array = _labels(arrays, labels, where) if labels is not None else None
+    try:
+        loaded = load_calibration_data(arrays, input_specs(model))
+    except QtoolError as exc:
+        raise QtoolError(f"{where}: {str(exc).replace('calibration data', 'data').replace('calibration arrays', 'arrays')}") from None
+    if label_array is not None and len(label_array) != loaded.num_samples:
+        raise QtoolError(
+            f"labels {labels!r} hold {len(label_array)} class ids but {where} has {loaded.num_samples} samples"
+        )
+    loaded.source = label
+    return loaded, label_array
+
+
+def check_inputs_match(float_model: ir.Model, q: ModelInput, output: str) -> None:
+    """A quantized model must take the float model's inputs and have the compared output."""
+    fs = {s.name: s for s in input_specs(float_model)}
+    qs = {s.name: s for s in input_specs(q.model)}
+    if set(fs) != set(qs):
+        raise QtoolError(
+            f"quantized model '{q.label}' has inputs {sorted(qs)}, the float model has {sorted(fs)}: they must match"
+        )
+    for name, f in fs.items():
+        s = qs[name]
+        if f.dtype is not None and s.dtype is not None and f.dtype != s.dtype:
+            raise QtoolError(f"quantized model '{q.label}': input '{name}' is {s.dtype}, in the float model {f.dtype}")
+        if f.shape is not None and s.shape is not None and (len(f.shape) != len(s.shape) or any(
+            isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(f.shape, s.shape)
+        )):
+            raise QtoolError(
+                f"quantized model '{q.label}': input '{name}' has shape {s.describe_shape()}, "
+                f"in the float model {f.describe_shape()}"
+            )
+    q_outs = [v.name for v in q.model.graph.outputs]
+    if output not in q_outs:
+        raise QtoolError(f"quantized model '{q.label}' has no output {output!r} (its outputs: {', '.join(q_outs)})")

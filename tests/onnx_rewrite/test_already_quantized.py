@@ -1,0 +1,50 @@
+"""A model that is already quantized (by onnxruntime, QDQ or QOperator) is refused with a clear
+message; qtool's own output is recognised and left as it is (idempotent)."""
+
+import numpy as np
+import pytest
+from model_builders import Builder, save, x_data
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+import qtool
+from qtool.errors import QtoolError
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, x):
+        self.it = iter([{"x": x[i:i + 1]} for i in range(len(x))])
+
+    def get_next(self):
+        return next(self.it, None)
+
+
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory):
+    b = Builder()
+    x = b.input("x", ["N", 3, 8, 8])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 4, name="c1"), 4, name="bn1")])
+    y = b.gemm(b.node("Flatten", [b.conv(y, 4, 2, name="c2")]), 128, 5, name="fc")
+    folder = tmp_path_factory.mktemp("already")
+    return save(b.proto([y]), folder / "float.onnx"), x_data(8, 3, 8, 8), folder
+
+
+@pytest.mark.parametrize("fmt, words", [(QuantFormat.QDQ, "QuantizeLinear/DequantizeLinear node(s) that qtool did not write"),
+                                         (QuantFormat.QOperator, "QOperator format")])
+def test_a_model_quantized_by_onnxruntime_is_refused(float_model, fmt, words):
+    path, x, folder = float_model
+    quantized = str(folder / f"ort_{fmt.name}.onnx")
+    quantize_static(path, quantized, _Reader(x), quant_format=fmt)
+    for rewrite in (qtool.rewrite_eval, qtool.rewrite_train):
+        with pytest.raises(QtoolError, match="is already quantized") as err:
+            rewrite(quantized, str(folder / "out.onnx"))
+        assert words in str(err.value) and "float model" in str(err.value)
+    assert not (folder / "out.onnx").exists()
+
+
+def test_qtools_own_output_is_recognised_and_left_as_it_is(float_model):
+    path, x, folder = float_model
+    first = qtool.rewrite_eval(path, str(folder / "q.onnx"), calibration_data={"x": x})
+    again = qtool.rewrite_eval(str(folder / "q.onnx"), str(folder / "q2.onnx"))
+    assert first.summary["changed"] and not again.summary["changed"]
+    assert "already quantized: nothing to do" in again.summary["notes"][-1]
+    assert np.array_equal(np.fromfile(folder / "q.onnx", np.uint8), np.fromfile(folder / "q2.onnx", np.uint8))

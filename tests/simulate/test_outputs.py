@@ -1,0 +1,131 @@
+"""Outputs that are not (samples, classes): a time-major RNN state (--batch-axis) and one value per sample."""
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+import qtool
+from qtool.errors import QtoolError
+from qtool.simulate.config import SimulateConfig
+from qtool.api import simulate
+
+RNG = np.random.default_rng(0)
+
+
+def _save(graph, path):
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gru(tmp_path_factory):
+    """x [N, 7, 4] -> time-major GRU -> its last state [1, N, 6] -> MatMul: 'state' [1, N, 5] (samples on axis 1)."""
+    tmp = tmp_path_factory.mktemp("gru")
+    hidden, feat, k = 6, 4, 5
+    inits = [nh.from_array(RNG.normal(0, 0.5, shape).astype(np.float32), name)
+             for name, shape in (("W", (1, 3 * hidden, feat)), ("R", (1, 3 * hidden, hidden)), ("P", (hidden, k)))]
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2], name="to_time_major"),
+             h.make_node("GRU", ["xt", "W", "R"], ["Y", "Y_h"], hidden_size=hidden, name="gru"),
+             h.make_node("MatMul", ["Y_h", "P"], ["state"], name="proj")]
+    graph = h.make_graph(nodes, "gru", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 7, feat])],
+                         [h.make_tensor_value_info("state", TensorProto.FLOAT, [1, "N", k])], inits)
+    path = _save(graph, tmp / "gru.onnx")
+    data = {"x": RNG.normal(0, 1, (40, 7, feat)).astype(np.float32)}
+    q = tmp / "gru.qdq.onnx"
+    qtool.rewrite_eval(path, q, calibration_data=data)
+    return path, q, data
+
+
+def test_a_time_major_output_needs_its_batch_axis(gru):
+    path, q, data = gru
+    with pytest.raises(QtoolError, match=r"'state' has shape \[1, 16, 5\]: expected the 16 samples of the batch "
+                                         r"on axis 0 \(name the samples axis with --batch-axis"):
+        simulate(path, data, SimulateConfig(quantized=[q]))
+
+
+@pytest.mark.parametrize("axis", [1, "1", "state=1", {"state": 1}, ["state=1"], -2])
+def test_with_the_batch_axis_the_numbers_are_per_sample(gru, axis):
+    import onnxruntime as ort
+
+    path, q, data = gru
+    rep = simulate(path, data, SimulateConfig(quantized=[q], batch_axis=axis, batch_size=16)).report
+    assert rep["batch_axis"] in (1, -2) and rep["output_kind"] == "classes"
+
+    def top1(p):
+        s = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        out = np.concatenate([s.run(["state"], {"x": data["x"][i : i + 16]})[0] for i in range(0, 40, 16)], axis=1)
+        return np.argmax(out[0], axis=1), out
+
+    (ft, f), (qt, qv) = top1(path), top1(q)
+    (m,) = rep["models"]
+    assert m["agreement"] == np.mean(ft == qt)
+    f64, q64 = f.astype(np.float64), qv.astype(np.float64)
+    assert m["output"]["sqnr_db"] == pytest.approx(10 * math.log10(np.sum(f64**2) / np.sum((f64 - q64) ** 2)), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "axis, message",
+    [("nope=1", "batch axis given for output 'nope', but the model .* has no such output"),
+     ("state=x", "expected an integer axis"),
+     (["1", "0"], "batch axis given twice for all outputs"),
+     (3, "has no batch axis 3")],
+)
+def test_a_bad_batch_axis_is_one_clear_error(gru, axis, message):
+    path, q, data = gru
+    with pytest.raises(QtoolError, match=message):
+        simulate(path, data, SimulateConfig(quantized=[q], batch_axis=axis))
+
+
+def test_the_config_normalizes_every_spelling_once():
+    assert SimulateConfig(batch_axis=None).batch_axis == {"": 0}
+    assert SimulateConfig(batch_axis=["a=1", "2"]).batch_axis == {"a": 1, "": 2}
+    c = SimulateConfig(weight_bits="4, 8,4", activation_bits=16, quantized="q.onnx", batch_axis={"a": 1})
+    assert c.weight_bits == (4, 8) and c.activation_bits == (16,) and c.quantized == ("q.onnx",)
+    assert c.axis_for("a") == 1 and c.axis_for("b") == 0 and not c.what_if
+    with pytest.raises(Exception):  # frozen
+        c.batch_size = 3
+
+
+@pytest.fixture(scope="module")
+def regression(tmp_path_factory):
+    """x [N, 8] -> Gemm -> Relu -> Gemm -> y [N, 1]: one value per sample."""
+    tmp = tmp_path_factory.mktemp("regression")
+    inits = [nh.from_array(RNG.normal(0, 0.5, s).astype(np.float32), n)
+             for n, s in (("W1", (8, 16)), ("b1", (16,)), ("W2", (16, 1)), ("b2", (1,)))]
+    nodes = [h.make_node("Gemm", ["x", "W1", "b1"], ["h"], name="fc1"), h.make_node("Relu", ["h"], ["r"], name="relu"),
+             h.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="fc2")]
+    graph = h.make_graph(nodes, "reg", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits)
+    x = RNG.normal(0, 1, (64, 8)).astype(np.float32)
+    return _save(graph, tmp / "reg.onnx"), {"x": x, "labels": np.zeros(64, np.int64)}
+
+
+def test_one_value_per_sample_is_judged_by_sqnr_not_agreement(regression):
+    path, data = regression
+    res = simulate(path, {"x": data["x"]}, SimulateConfig(activation_bits="4,8"))
+    rep = res.report
+    assert rep["output_kind"] == "values" and rep["float"]["accuracy"] is None
+    a4, a8 = rep["models"]
+    for m in (a4, a8):
+        assert m["agreement"] is None and m["accuracy"] is None  # not "100% agreement"
+        o = m["output"]
+        assert o["relative_rms_error"] == pytest.approx(10 ** (-o["sqnr_db"] / 20), rel=1e-9)
+    assert a4["output"]["sqnr_db"] < a8["output"]["sqnr_db"]
+    text = res.format_text()
+    assert "one value per sample" in text and "rel.err" in text and "agreement" not in text
+    rows = [line for line in text.splitlines() if line.startswith(("  W8A4 ", "  W8A8 "))]
+    assert len(rows) == 2 and not any("%" in r for r in rows)
+
+
+def test_class_labels_on_one_value_per_sample_are_refused(regression):
+    path, data = regression
+    with pytest.raises(QtoolError, match="one value per sample .* compare it without labels"):
+        simulate(path, data, SimulateConfig(labels="labels"))
