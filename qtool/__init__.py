@@ -30,6 +30,8 @@ _LAZY = {
     "QuantConfig": "qtool.config",
     "CalibrationConfig": "qtool.config",
     "TrainSchedule": "qtool.config",
+    "SimulateConfig": "qtool.simulate.config",
+    "FinetuneConfig": "qtool.finetune.config",
 }
 
 __all__ = sorted(_LAZY) + ["QtoolError", "__version__"]

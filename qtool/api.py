@@ -11,6 +11,7 @@ ranges pass between them here.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from qtool import calibrate as cal
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
+from qtool.finetune.config import FinetuneConfig
 from qtool.model.codec import foreign_quantization
 from qtool.model.io import (
     OpenedModel,
@@ -96,7 +98,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
     _check_float(opened)
     clock.lap("load")
-    given = cal.load_ranges(ranges) if ranges is not None else None
+    given = cal.read_ranges(ranges) if ranges is not None else None
     prepared = prepare_eval(opened.model, quant, opened.label)
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
@@ -108,7 +110,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         found = observed.ranges
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
-        found = cal.select(given, tensors, label)
+        found = cal.select(_given_ranges(given, prepared), tensors, label)
         ranges_from = os.fspath(ranges) if isinstance(ranges, (str, os.PathLike)) else "<ranges>"
     else:
         found = prepared.trained_ranges()
@@ -122,6 +124,31 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
                          clock.laps)
+
+
+def _given_ranges(given: cal.GivenRanges, prepared) -> dict:
+    """The given ranges, checked against the rewrite: made for other options, or for tensors the
+    batch-norm fold changes, they are refused or converted, never used silently."""
+    recorded = given.quantization.get("symmetric")
+    if recorded is not None and bool(recorded) != prepared.config.symmetric:
+        raise QtoolError(f"{given.label} was calibrated for {'symmetric' if recorded else 'asymmetric'} activations "
+                         f"and --{'no-' if recorded else ''}symmetric is asked for: the histogram methods choose "
+                         "other ranges for each; calibrate again with the same options (qtool calibrate)")
+    ranges = dict(given.ranges)
+    if given.format != "onnxruntime":
+        return ranges
+    # onnxruntime calibrates the float graph: a folded layer's output there is before its batch norm; the
+    # batch norm's output is what the folded layer now computes
+    for record in prepared.folds.folded:
+        if record.output in ranges:
+            ranges[record.folded] = ranges[record.output]
+        elif record.folded in ranges:
+            raise QtoolError(
+                f"{given.label} is an onnxruntime calibration cache with a range for '{record.folded}' (before the "
+                f"batch norm '{record.batch_norm}' that qtool folds into '{record.layer}') but none for the batch "
+                f"norm's output '{record.output}': the folded layer's range is unknown. Calibrate with qtool "
+                "(qtool calibrate, or --data) instead")
+    return ranges
 
 
 def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
@@ -248,11 +275,16 @@ def _quantize_pairs(model, data: CalibrationData, pairs: list, batch_size: int, 
     return out
 
 
-def finetune(model, data, output, config=None, *, progress=None):
-    """Quantization-aware fine-tuning of a training graph (``qtool finetune``; the ``train`` extra)."""
-    check_outputs([output], (model_files(model) if isinstance(model, (str, os.PathLike)) else []) + [data])
-    try:
-        from qtool import finetune as ft  # jax: an optional heavy engine, imported when used
-    except ImportError as exc:
-        raise QtoolError("qtool finetune needs the train extra: pip install 'qtool[train]'") from exc
-    return ft.finetune(model, data, output, config, progress=progress)
+TRAIN_EXTRA_MESSAGE = "qtool finetune needs the train extra: pip install 'qtool[train]'"
+
+
+def finetune(model, data, output, config: FinetuneConfig | None = None, *, progress=None):
+    """Quantization-aware fine-tuning of a ``rewrite_train`` graph with JAX (``docs/finetune.md``):
+    the same contract written to ``output`` with the trained values. Needs the ``train`` extra."""
+    read = model_files(model) if isinstance(model, (str, os.PathLike)) else []
+    check_outputs([output], read + [data, config.validation_data if config is not None else None])
+    if any(importlib.util.find_spec(name) is None for name in ("jax", "jaxlib", "optax")):
+        raise QtoolError(TRAIN_EXTRA_MESSAGE)
+    from qtool.finetune import train  # jax: an optional heavy engine, imported only when used
+
+    return train.finetune(model, data, output, config, progress=progress)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from qtool.calibrate.observers import make_observer, observer_names, register_observer
 from qtool.calibrate.ranges_file import (
+    GivenRanges,
     RangesFileSummary,
     load_ranges,
     parse_ranges,
     ranges_document,
+    read_ranges,
     save_ranges,
     select,
     write_ranges_file,
@@ -26,6 +28,6 @@ from qtool.calibrate.ranges_file import (
 from qtool.calibrate.runner import CalibrationResult, collect_ranges
 
 __all__ = [
-    "CalibrationResult", "RangesFileSummary", "collect_ranges", "load_ranges", "make_observer", "observer_names",
+    "CalibrationResult", "GivenRanges", "RangesFileSummary", "read_ranges", "collect_ranges", "load_ranges", "make_observer", "observer_names",
     "parse_ranges", "ranges_document", "register_observer", "save_ranges", "select", "write_ranges_file",
 ]

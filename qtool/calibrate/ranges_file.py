@@ -152,20 +152,48 @@ def parse_ranges(doc, label: str = "ranges") -> dict[str, tuple[float, float] | 
     return out
 
 
+@dataclass
+class GivenRanges:
+    """Ranges read from a file or given as a mapping, and what produced them."""
+
+    ranges: dict[str, tuple[float, float] | None]
+    format: str  # "qtool", "onnxruntime" (a calibration cache) or "mapping"
+    quantization: dict = field(default_factory=dict)  # the options a qtool ranges file was calibrated for
+    label: str = "the given ranges"
+
+
+def read_ranges(source) -> GivenRanges:
+    """:func:`load_ranges` with the file's format and recorded options."""
+    doc, label = source, "the given ranges"
+    if isinstance(source, (str, os.PathLike)):
+        label = f"ranges file '{os.fspath(source)}'"
+        doc = _read_json(os.fspath(source))
+    ranges = load_ranges(doc)
+    if isinstance(doc, Mapping) and doc.get("format") == FORMAT:
+        quantization = doc.get("quantization") if isinstance(doc.get("quantization"), Mapping) else {}
+        return GivenRanges(ranges, "qtool", dict(quantization), label)
+    fmt = "onnxruntime" if isinstance(doc, Mapping) and any(
+        isinstance(r, Mapping) and "lowest" in r for r in (doc.get("data", doc) or {}).values()) else "mapping"
+    return GivenRanges(ranges, fmt, {}, label)
+
+
+def _read_json(path: str):
+    if not os.path.exists(path):
+        raise QtoolError(f"ranges file '{path}' does not exist")
+    if os.path.isdir(path):
+        raise QtoolError(f"ranges file '{path}' is a folder")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise QtoolError(f"cannot read ranges file '{path}': {exc}") from exc
+
+
 def load_ranges(source) -> dict[str, tuple[float, float] | None]:
     """Ranges from a path (qtool or onnxruntime JSON), a parsed document, or a mapping of pairs."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        if not os.path.exists(path):
-            raise QtoolError(f"ranges file '{path}' does not exist")
-        if os.path.isdir(path):
-            raise QtoolError(f"ranges file '{path}' is a folder")
-        try:
-            with open(path) as f:
-                doc = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise QtoolError(f"cannot read ranges file '{path}': {exc}") from exc
-        return parse_ranges(doc, f"ranges file '{path}'")
+        return parse_ranges(_read_json(path), f"ranges file '{path}'")
     if isinstance(source, Mapping) and source and all(
         r is None or (isinstance(r, (tuple, list)) and len(r) == 2) for r in source.values()
     ):

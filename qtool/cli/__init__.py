@@ -25,6 +25,8 @@ COMMANDS = {
     "simulate": ("qtool.cli.simulate", "simulate_cmd", "Report accuracy and per-tensor error of quantized versions of MODEL."),
     "calibrate": ("qtool.cli.calibrate", "calibrate_cmd",
                   "Run MODEL on --data and write the range of every tensor..."),
+    "finetune": ("qtool.cli.finetune", "finetune_cmd",
+                 "Train a 'rewrite-train' graph so the quantized model recovers its..."),
 }
 
 

@@ -307,9 +307,17 @@ def _finish(result: np.ndarray, out):
     return result
 
 
+F32_TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
 def _nudge_arrays(mins: np.ndarray, maxs: np.ndarray, num_bits: int, narrow_range: bool, zero: np.ndarray):
     qminf, qmaxf = _grid(num_bits, narrow_range)
     nmin, nmax, scale, inv, zp, qz = cpu.nudge_params(mins, maxs, qminf, qmaxf)
+    # A range so small that the scale is not a normal float32 (max - min < (qmax - qmin) * FLT_MIN:
+    # inv_scale overflows to inf, or a runtime that flushes denormals sees a zero scale) has no
+    # defined TF result (NaN). It is treated like min == max == 0, here and in the training graph's
+    # FakeQuant function. ``zero`` is updated in place: callers read it after this call.
+    zero |= scale < F32_TINY
     if np.any(zero):
         # min == max == 0: the output is all zeros and the gradient passes through.
         for arr in (nmin, nmax, scale, inv, qz):

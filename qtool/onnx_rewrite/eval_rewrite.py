@@ -13,7 +13,7 @@ model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
@@ -40,6 +40,7 @@ class EvalGraph:
     trained: TrainedState | None  # the ranges of a qtool training graph, when the input was one
     opset_in: int
     ir_in: int
+    warnings: list[str] = field(default_factory=list)
 
     def tensors_to_calibrate(self) -> list[str]:
         return self.plan.tensors_to_calibrate()
@@ -75,12 +76,46 @@ def fold_and_plan(model: ir.Model, config: QuantConfig) -> tuple[NameScope, Fold
 
 
 def prepare_eval(model: ir.Model, config: QuantConfig, label: str = "<model>") -> EvalGraph:
-    """Strip a training graph, raise the opset, fold and plan; ``model`` may be edited in place."""
+    """Strip a training graph (it deploys with the options it was trained for), raise the opset,
+    fold and plan; ``model`` may be edited in place."""
     trained = strip_training_graph(model, label) if is_training_graph(model) else None
+    warnings: list[str] = []
+    if trained is not None:
+        config, warnings = contract_config(config, trained.contract)
     opset_in, ir_in = default_opset(model), model.ir_version
     model = raise_opset(model, config)
     names, folds, plan = fold_and_plan(model, config)
-    return EvalGraph(model, config, names, folds, plan, trained, opset_in, ir_in)
+    return EvalGraph(model, config, names, folds, plan, trained, opset_in, ir_in, warnings)
+
+
+CONTRACT_OPTIONS = ("weight_bits", "activation_bits", "symmetric", "per_channel", "scope", "exclude",
+                    "symmetric_weights")
+
+
+def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, list[str]]:
+    """The options a training graph was written (and trained) with, from its contract.
+
+    An option left at its default takes the recorded value (a W3A3 training graph deploys at
+    W3A3, not at the default 8 bits); an option given with another value wins, with a warning
+    (the trained ranges and weights belong to the recorded options). Returns ``(config, warnings)``.
+    """
+    recorded = contract.get("options") or {}
+    default = QuantConfig()
+    values, warnings = {}, []
+    for key in CONTRACT_OPTIONS:
+        given = getattr(config, key)
+        if key not in recorded:
+            values[key] = given
+            continue
+        want = frozenset(recorded[key] or ()) if key == "exclude" else recorded[key]
+        if given != getattr(default, key) and given != want:
+            show = (lambda v: sorted(v) if isinstance(v, frozenset) else v)
+            warnings.append(f"the training graph was written with {key}={show(want)}; deploying with "
+                            f"{key}={show(given)} as asked, which is not what was trained")
+            values[key] = given
+        else:
+            values[key] = want
+    return QuantConfig(**values), warnings
 
 
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:

@@ -31,11 +31,14 @@ propagates and the sign of zero is TensorFlow's.
 ``fake_quant_with_min_max_vars``, which **divides** by ``scale``; a range
 with rank >= 1 is ``fake_quant_with_min_max_vars_per_channel``, which
 **multiplies** by ``inv_scale``. The last bit differs between the two on
-some inputs. ``min == max == 0`` gives zeros (as the kernels do).
+some inputs. ``min == max == 0`` gives zeros (as the kernels do), and so does
+a range too small for a normal float32 scale (``max - min < (qmaxf - qminf) *
+FLT_MIN``), where TF's arithmetic overflows ``inv_scale`` and gives NaN.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -108,7 +111,11 @@ def _body() -> list[onnx.NodeProto]:
         # min == max == 0: every parameter 0, the output all zeros (kernels.md 1.4)
         n("Equal", ["min", "zero"], ["min_is_zero"]),
         n("Equal", ["max", "zero"], ["max_is_zero"]),
-        n("And", ["min_is_zero", "max_is_zero"], ["degenerate"]),
+        n("And", ["min_is_zero", "max_is_zero"], ["both_zero"]),
+        # a scale that is not a normal float32 (inv_scale overflows, or denormals flush to 0): as zeros
+        const_float("flt_min", float(np.finfo(np.float32).tiny)),
+        n("Less", ["scale_raw", "flt_min"], ["scale_tiny"]),
+        n("Or", ["both_zero", "scale_tiny"], ["degenerate"]),
         n("Where", ["degenerate", "zero", "nudged_min_raw"], ["nudged_min"]),
         n("Where", ["degenerate", "zero", "nudged_max_raw"], ["nudged_max"]),
         n("Where", ["degenerate", "zero", "scale_raw"], ["scale"]),

@@ -52,9 +52,12 @@ class FoldRecord:
     layer: str
     op_type: str
     bias_add: str | None = None
+    output: str | None = None  # the batch norm's output tensor (gone after the fold)
+    folded: str | None = None  # the tensor that now carries it (the layer's output, or a MatMul's bias Add)
 
     def to_dict(self) -> dict:
-        d = {"batch_norm": self.batch_norm, "layer": self.layer, "op": self.op_type}
+        d = {"batch_norm": self.batch_norm, "layer": self.layer, "op": self.op_type, "output": self.output,
+             "folded_into": self.folded}
         if self.bias_add:
             d["bias_add"] = self.bias_add
         return d
@@ -242,6 +245,7 @@ class FoldBatchNorm:
             end = layer.outputs[0]
 
         bn_out = bn.outputs[0]
+        bn_name = bn_out.name
         if bn_out.is_graph_output():  # keep the model's output name
             name = bn_out.name
             bn_out.name = None
@@ -251,7 +255,8 @@ class FoldBatchNorm:
         # are no longer read; nor are the old constants unless something else reads them
         removable = [bn] + ([bias_add] if bias_add is not None and op != "MatMul" else []) + old_nodes
         remove_if_unused(graph, removable, old_values)
-        return FoldRecord(bn.name, layer.name, op, bias_add.name if bias_add is not None else None)
+        return FoldRecord(bn.name, layer.name, op, bias_add.name if bias_add is not None else None,
+                          bn_name, end.name)
 
     def _initializer(self, base: str, array: np.ndarray) -> ir.Value:
         name = self.names.value(base)

@@ -98,6 +98,7 @@ class RewriteResult:
             "biases": e.biases,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
+            "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "changed": bool(p.folds.folded or e.weights or e.activations or e.propagated or e.biases
                             or p.opset_in != opset_out),
@@ -116,7 +117,7 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
                   ignored_arrays: list[str]) -> tuple[list[str], list[str]]:
     """The warnings and notes of an eval rewrite (``calibration``: its result, which says what is wrong
     with the data; None when the ranges came from elsewhere)."""
-    warnings: list[str] = []
+    warnings: list[str] = list(prepared.warnings)
     notes: list[str] = []
     if prepared.plan.new_activations() and ranges is None:
         warnings.append(

@@ -69,8 +69,12 @@ def test_onnxruntime_calibration_cache_is_read(work):
     ours = work / "ranges.json"
     assert invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", ours).exit_code == 0
     tensors = json.loads(ours.read_text())["tensors"]
+    # onnxruntime calibrates the float graph: what a folded layer computes is its batch norm's output there
+    summary = json.loads(invoke("rewrite-eval", work / "model.onnx", "-o", work / "x.onnx", "--json").stdout)
+    bn_output = {f["folded_into"]: f["output"] for f in summary["batch_norms_folded"]}
+    float_names = {bn_output.get(k, k): v for k, v in tensors.items()}
     cache = TensorsData(CalibrationMethod.MinMax,
-                        {k: (np.float32(v["min"]), np.float32(v["max"])) for k, v in tensors.items()})
+                        {k: (np.float32(v["min"]), np.float32(v["max"])) for k, v in float_names.items()})
     save_tensors_data(cache, work / "ort_cache.json")
     r1 = invoke("rewrite-eval", work / "model.onnx", "-o", work / "a.onnx", "--ranges", ours)
     r2 = invoke("rewrite-eval", work / "model.onnx", "-o", work / "b.onnx", "--ranges", work / "ort_cache.json")
@@ -80,8 +84,13 @@ def test_onnxruntime_calibration_cache_is_read(work):
         assert np.array_equal(a[name], b[name]), name
     plain = work / "calibration.json"  # write_calibration_table's plain {name: {lowest, highest}}
     plain.write_text(json.dumps({k: {"lowest": v["min"], "highest": v["max"], "CLS": "TensorData"}
-                                 for k, v in tensors.items()}))
+                                 for k, v in float_names.items()}))
     assert invoke("rewrite-eval", work / "model.onnx", "-o", work / "c.onnx", "--ranges", plain).exit_code == 0
+    # a cache with the range before the batch norm only: the folded layer's range is unknown, refused
+    before = work / "before_fold.json"
+    before.write_text(json.dumps({k: {"lowest": v["min"], "highest": v["max"]} for k, v in tensors.items()}))
+    refused = invoke("rewrite-eval", work / "model.onnx", "-o", work / "d.onnx", "--ranges", before)
+    assert refused.exit_code == 2 and "before the batch norm" in refused.stderr and not (work / "d.onnx").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -103,6 +103,19 @@ def test_simulate_reports_onto_inputs(work, ext):
     assert snapshot(work) == before
 
 
+def test_finetune_outputs_onto_inputs(work, ext):
+    train = work / "train.onnx"
+    assert invoke("rewrite-train", ext, "-o", train).exit_code == 0
+    shutil.copy(work / "calib.npz", work / "valid.npz")
+    before = snapshot(work)
+    base = ["finetune", train, "--data", work / "calib.npz", "--steps", "1"]
+    one_line(invoke(*base, "-o", work / "calib.npz"), "calib.npz")
+    one_line(invoke(*base, "--validation-data", work / "valid.npz", "-o", work / "valid.npz"), "valid.npz")
+    data_file = sorted(f for f in os.listdir(work) if f.startswith("train.onnx.qt-"))[0]
+    one_line(invoke(*base, "-o", work / data_file), data_file)  # the training graph's external data
+    assert snapshot(work) == before
+
+
 @pytest.mark.parametrize("command", ["rewrite-eval", "rewrite-train", "calibrate"])
 def test_missing_folder_and_directory_outputs(work, command):
     extra = ["--data", work / "calib.npz"] if command == "calibrate" else []

@@ -53,7 +53,7 @@ AXIS = {"conv": 0, "depthwise": 0, "convtranspose": 1, "gemm0": 1, "gemm1": 0, "
 def test_stored_weights_are_the_kernel_codes(kind, symmetric):
     proto, feeds = layer_model(kind)
     w = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer if t.name == proto.graph.node[0].input[1])
-    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=symmetric))
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=symmetric, symmetric_weights=symmetric))
     model = result.model
     dq = node(model, "L/weights_quant/DequantizeLinear")
     assert dq.attributes["axis"].as_int() == AXIS[kind]
@@ -87,7 +87,7 @@ def test_stored_weights_are_the_kernel_codes(kind, symmetric):
 def test_per_tensor_weights_keep_opset_11():
     proto, feeds = layer_model("conv")
     proto.opset_import[0].version = 11
-    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(per_channel=False))
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(per_channel=False, symmetric_weights=False))
     model = result.model
     assert model.opset_imports[""] == 11
     dq = node(model, "L/weights_quant/DequantizeLinear")

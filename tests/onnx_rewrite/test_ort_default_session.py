@@ -107,7 +107,8 @@ def test_overflowing_bias_without_integer_kernels_keeps_its_value():
     bias = np.array([3.0, -2.5, 0.01])
     proto, feeds = _tiny_conv(1.0, 0.3, bias)
     ref = session(proto).run(None, feeds)[0]
-    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(weight_bits=16, activation_bits=16))
+    result = rewrite_eval(proto, calibration_data=feeds,
+                          quant=QuantConfig(weight_bits=16, activation_bits=16, symmetric_weights=False))
     (entry,) = result.summary["biases"]
     assert entry["scale_factor"] > 1
     model = result.model

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 
 import qtool
+from qtool.model.codec import widen
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.constants import constant_array
 from qtool.api import rewrite_eval
@@ -65,7 +66,7 @@ def test_sample_stored_weights_equal_kernel_outputs(rewritten):
     for layer in layers:
         w = constant_array(layer.inputs[1])
         lo, hi = qtool.kernels.minmax(w, axis=0)
-        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+        lo, hi = widen(lo, hi, bits=8, narrow=True, symmetric=True)  # weights: symmetric grid by default
         codes = qtool.kernels.quantize_codes(w, lo, hi, num_bits=8, narrow_range=True, axis=0)
         _, _, scale, zp = qtool.nudged_range(lo, hi, 8, narrow_range=True)
         prefix = f"{layer.name}/weights_quant"

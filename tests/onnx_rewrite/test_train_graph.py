@@ -143,7 +143,8 @@ def test_gemm_graph_equals_the_kernels_step_by_step(symmetric, per_channel):
     x = b.input("x", ["N", 6])
     y = b.gemm(x, 6, 5, trans_b=1, name="fc")
     model = b.proto([y])
-    train_ir = rewrite_train(model, quant=QuantConfig(symmetric=symmetric, per_channel=per_channel, weight_bits=4)).model
+    train_ir = rewrite_train(model, quant=QuantConfig(symmetric=symmetric, per_channel=per_channel, weight_bits=4,
+                                                      symmetric_weights=symmetric)).model
     contract = json.loads(train_ir.metadata_props["qtool.training"])
     wq = contract["weight_quantizers"][0]
     # expose the quantized weight for the check

@@ -1,0 +1,139 @@
+"""FakeQuant in JAX: bit for bit qtool's kernels (kernels.md 1.1-1.2), TF's straight-through gradients (1.3)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from finetune_helpers import CALIB
+
+import qtool
+from qtool.finetune.fake_quant import fake_quant
+from qtool.finetune.interpreter import Interpreter
+
+RANGES = [(8, False, -10.0, 53.75), (8, False, -0.1, 63.65), (8, True, -0.1275, 63.3725), (8, False, -63.65, 0.1),
+          (8, False, -0.125, 63.625), (4, False, -6.0, 1.5), (4, False, -7.3, 0.2), (2, False, -0.1, 1.4),
+          (2, True, -0.4, 0.6), (3, False, 0.0, 4.2404), (3, True, -0.73, 0.41), (16, False, -1.0, 1.0),
+          (5, False, 0.5, 128.0), (7, True, -128.0, -0.5)]
+
+
+def _bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def _inputs(rng, lo, hi, bits, narrow, n=4000):
+    """Random values over (and beyond) the range, plus exact ties of the grid (k + 0.5) * scale."""
+    nmin, nmax, scale = (float(v) for v in qtool.nudged_range(lo, hi, bits, narrow)[:3]) \
+        if hasattr(qtool, "nudged_range") else (lo, hi, (hi - lo) / (2**bits - 1))
+    span = hi - lo
+    x = rng.uniform(lo - 0.2 * span, hi + 0.2 * span, n).astype(np.float32)
+    k = rng.integers(-2, 2**bits + 2, 200)
+    ties = (np.float32(nmin) + (k + 0.5).astype(np.float32) * np.float32(scale)).astype(np.float32)
+    return np.concatenate([x, ties, np.float32([0.0, -0.0, nmin, nmax, np.inf, -np.inf])]).astype(np.float32)
+
+
+@pytest.mark.parametrize("bits, narrow, lo, hi", RANGES)
+def test_per_tensor_forward_is_the_vars_kernel_bit_for_bit(bits, narrow, lo, hi):
+    x = _inputs(np.random.default_rng(bits), lo, hi, bits, narrow)
+    want = qtool.fake_quant_with_min_max_vars(x, lo, hi, bits, narrow)
+    got = fake_quant(jnp.asarray(x), jnp.float32(lo), jnp.float32(hi), bits, narrow)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    jitted = jax.jit(lambda x, a, b: fake_quant(x, a, b, bits, narrow))(jnp.asarray(x), jnp.float32(lo), jnp.float32(hi))
+    np.testing.assert_array_equal(_bits(jitted), _bits(want))
+
+
+def test_per_channel_forward_is_the_per_channel_kernel_bit_for_bit():
+    rng = np.random.default_rng(1)
+    for bits, narrow in ((3, True), (8, True), (4, False)):
+        lo = -np.abs(rng.standard_normal(16)).astype(np.float32)
+        hi = np.abs(rng.standard_normal(16)).astype(np.float32)
+        lo[3], hi[3] = 0.0, 0.0  # a degenerate channel gives zeros
+        x = (rng.standard_normal((300, 16)) * 1.3).astype(np.float32)
+        want = qtool.fake_quant_with_min_max_vars_per_channel(x, lo, hi, bits, narrow)
+        # the graph's broadcasting form: [1, C] against [N, C] (a Conv weight uses [C, 1, 1, 1])
+        got = jax.jit(lambda x, a, b: fake_quant(x, a, b, bits, narrow))(
+            jnp.asarray(x), jnp.asarray(lo[None]), jnp.asarray(hi[None]))
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+        assert np.all(np.asarray(got)[:, 3] == 0)
+
+
+def test_the_constant_divisor_is_not_turned_into_a_multiplication():
+    """Constant ranges inside jit: XLA would rewrite x / scale into x * (1/scale) without the barrier."""
+    lo, hi, bits = -1.0, 1.0, 8
+    x = _inputs(np.random.default_rng(5), lo, hi, bits, False, n=20000)
+    want = qtool.fake_quant_with_min_max_vars(x, lo, hi, bits, False)
+    got = jax.jit(lambda x: fake_quant(x, jnp.float32(lo), jnp.float32(hi), bits, False))(jnp.asarray(x))
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("bits, narrow, lo, hi", RANGES[:8])
+def test_per_tensor_gradients_are_the_kernel_gradients(bits, narrow, lo, hi):
+    rng = np.random.default_rng(7)
+    x = _inputs(rng, lo, hi, bits, narrow)[:-2]
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    d_x, d_min, d_max = qtool.fake_quant_with_min_max_vars_gradient(g, x, lo, hi, bits, narrow)
+    _, vjp = jax.vjp(lambda x, a, b: fake_quant(x, a, b, bits, narrow), jnp.asarray(x), jnp.float32(lo), jnp.float32(hi))
+    gx, gmin, gmax = vjp(jnp.asarray(g))
+    np.testing.assert_array_equal(_bits(gx), _bits(d_x))  # masked negative g is -0.0 in both
+    np.testing.assert_allclose(float(gmin), float(d_min), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(gmax), float(d_max), rtol=1e-5, atol=1e-5)
+
+
+def test_per_channel_gradients_are_the_kernel_gradients():
+    rng = np.random.default_rng(3)
+    lo = -np.abs(rng.standard_normal(8)).astype(np.float32)
+    hi = np.abs(rng.standard_normal(8)).astype(np.float32)
+    lo[2], hi[2] = 0.0, 0.0
+    x = (rng.standard_normal((200, 8)) * 1.5).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    d_x, d_min, d_max = qtool.fake_quant_with_min_max_vars_per_channel_gradient(g, x, lo, hi, 4, True)
+    _, vjp = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True), jnp.asarray(x), jnp.asarray(lo[None]),
+                     jnp.asarray(hi[None]))
+    gx, gmin, gmax = vjp(jnp.asarray(g))
+    np.testing.assert_array_equal(_bits(gx), _bits(d_x))
+    np.testing.assert_allclose(np.asarray(gmin)[0], d_min, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gmax)[0], d_max, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(gx)[:, 2], g[:, 2])  # degenerate channel: d_x = g
+    assert np.asarray(gmin)[0, 2] == 0 and np.asarray(gmax)[0, 2] == 0
+
+
+def test_range_grad_off_gives_zero_range_gradients():
+    x = jnp.linspace(-3, 3, 50, dtype=jnp.float32)
+    _, vjp = jax.vjp(lambda a, b: fake_quant(x, a, b, 4, False, False), jnp.float32(-1), jnp.float32(1))
+    gmin, gmax = vjp(jnp.ones(50, jnp.float32))
+    assert float(gmin) == 0 and float(gmax) == 0
+
+
+def test_gradients_match_finite_differences_where_the_ste_is_the_identity(graphs):
+    """With fake quantization off (every quantizer the identity, which is what the STE passes inside
+    the range), directional derivatives of the sample training graph match central finite
+    differences: the training batch-norm fold's output (frozen, batch statistics computed and
+    cancelled) with respect to the conv weight, its bias, the BN scale and shift; the logits with
+    respect to the classifier. (Between them a Relu and a MaxPool make finite differences noisy.)"""
+    import onnx
+
+    interp = Interpreter(onnx.load(graphs["w3a3"]))
+    x = jnp.asarray(np.load(CALIB)["input"][:8])
+    rng = np.random.default_rng(0)
+    checks = [("/bn2/BatchNormalization_output_0", ["conv2.weight", "conv2.bias", "bn2.weight", "bn2.bias"]),
+              ("logits", ["fc.weight", "fc.bias"])]
+    for out_name, names in checks:
+        params = {n: jnp.asarray(interp.initializers[n]) for n in names}
+        probe = None
+
+        def loss(params):
+            out = interp.run({**params, "input": x, "qtool_step": jnp.int32(0)}, fake_quant=False,
+                             outputs=[out_name])[out_name]
+            return jnp.sum(out * probe)
+
+        shape = jax.eval_shape(lambda x: interp.run({"input": x, "qtool_step": jnp.int32(0)}, outputs=[out_name])[out_name],
+                               x).shape
+        probe = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+        grads = jax.jit(jax.grad(loss))(params)
+        loss_at = jax.jit(loss)
+        for name in names:
+            d = jnp.asarray(rng.standard_normal(params[name].shape).astype(np.float32))
+            analytic = float(jnp.sum(grads[name] * d))
+            eps = 1e-2
+            numeric = (float(loss_at({**params, name: params[name] + eps * d}))
+                       - float(loss_at({**params, name: params[name] - eps * d}))) / (2 * eps)
+            assert abs(numeric - analytic) <= 2e-3 * max(1.0, abs(analytic)), (out_name, name, numeric, analytic)

@@ -1,0 +1,166 @@
+"""Section 2b: every layer runs in integers in onnxruntime.
+
+For each rule a small model written the way exporters write them (opset 17,
+dynamic batch, BatchNormalization nodes, unnamed nodes): after ``rewrite_eval``,
+onnxruntime's optimized graph (``SessionOptions.optimized_model_filepath``) has
+no Conv/MatMul/Gemm left in float, and the pattern's integer kernels are there.
+No test times anything (speed is ``benchmarks/deploy.py``'s)."""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from model_builders import Builder, x_data
+
+import qtool
+from qtool.config import QuantConfig
+
+FLOAT_LAYERS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "MatMulNBits"}
+
+
+def optimized_ops(model: onnx.ModelProto, tmp_path) -> Counter:
+    path = str(tmp_path / "optimized.onnx")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = path
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+def quantize(proto, feeds, **quant):
+    result = qtool.rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(**quant))
+    return ir.serde.serialize_model(result.model), result
+
+
+def check_integer(proto, feeds, tmp_path, expect=(), tolerance=0.1):
+    quantized, result = quantize(proto, feeds)
+    ops = optimized_ops(quantized, tmp_path)
+    assert not FLOAT_LAYERS & set(ops), f"layers left in float: {ops}"
+    for op in expect:
+        assert ops[op] > 0, f"{op} not in {ops}"
+    session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, feeds)[0]
+    want = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want)) + 1e-3
+    return ops, result
+
+
+def conv_bn(b, x, cin, cout, k=3, group=1):
+    return b.bn(b.conv(x, cin, cout, k=k, group=group), cout)
+
+
+def image_input(b, c=8, hw=8):
+    return b.input("x", ["N", c, hw, hw]), {"x": x_data(8, c, hw, hw)}
+
+
+@pytest.mark.parametrize("act", ["silu", "hardswish", "hardsigmoid_mul", "tanh", "leakyrelu", "elu", "sigmoid"])
+def test_conv_activation_conv_runs_in_integers(act, tmp_path):
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    y = conv_bn(b, x, 8, 8)
+    if act == "silu":
+        y = b.node("Mul", [y, b.node("Sigmoid", [y])])
+    elif act == "hardswish":
+        y = b.node("HardSwish", [y])
+    elif act == "hardsigmoid_mul":
+        y = b.node("Mul", [y, b.node("HardSigmoid", [y], alpha=1 / 6, beta=0.5)])
+    elif act == "leakyrelu":
+        y = b.node("LeakyRelu", [y], alpha=0.1)
+    else:
+        y = b.node(act.capitalize(), [y])
+    y = conv_bn(b, y, 8, 8)
+    ops, _ = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConv"])
+    if act == "silu":  # the whole SiLU in integers: QLinearSigmoid and QLinearMul
+        assert ops["QLinearSigmoid"] == 1 and ops["QLinearMul"] == 1
+    if act == "leakyrelu":
+        assert ops["QLinearLeakyRelu"] == 1
+
+
+def test_squeeze_excite_runs_in_integers(tmp_path):
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    y = conv_bn(b, x, 8, 8)
+    y = b.node("Mul", [y, b.node("Sigmoid", [y])])  # SiLU
+    pooled = b.node("GlobalAveragePool", [y])
+    gate = b.node("Sigmoid", [b.conv(b.node("Relu", [b.conv(pooled, 8, 4, k=1)]), 4, 8, k=1)])
+    y = conv_bn(b, b.node("Mul", [y, gate]), 8, 8, k=1)
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearGlobalAveragePool", "QLinearMul"])
+    kinds = {a["tensor"]: a["kind"] for a in result.summary["activations"]}
+    assert kinds[pooled] == "pool_quant"  # the pooled tensor has its own range
+
+
+def test_concat_inputs_share_one_range_and_resize_carries(tmp_path):
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    skip = b.node("Relu", [conv_bn(b, x, 8, 8)])
+    down = b.node("MaxPool", [skip], kernel_shape=[2, 2], strides=[2, 2])
+    deep = b.node("Relu", [conv_bn(b, down, 8, 8)])
+    scales = b.const(np.array([1, 1, 2, 2], np.float32))
+    up = b.node("Resize", [deep, "", scales], mode="nearest")
+    cat = b.node("Concat", [skip, up], axis=1)
+    y = b.conv(cat, 16, 4, k=1)
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConcat"])
+    acts = {a["tensor"]: a for a in result.summary["activations"]}
+    assert acts[cat]["kind"] == "concat_quant"
+    assert acts[skip]["scale"] == acts[cat]["scale"] == acts[deep]["scale"]  # one range: the union
+    assert acts[up]["kind"] == "carried_quant" and acts[up]["same_as"] == deep
+    assert acts[down]["kind"] == "carried_quant"
+
+
+def attention(b, x, d, mask=None):
+    """Single-head attention as exporters write it: MatMul+Add projections, scale, mask Add, Softmax."""
+    q, k, v = (b.matmul(x, d, d, bias=True) for _ in range(3))
+    scores = b.node("Div", [b.node("MatMul", [q, b.node("Transpose", [k], perm=[0, 2, 1])]),
+                            b.const(np.float32(np.sqrt(d)))])
+    if mask is not None:
+        scores = b.node("Add", [scores, mask])
+    probs = b.node("Softmax", [scores], axis=-1)
+    return b.matmul(b.node("MatMul", [probs, v]), d, d, bias=True), probs, scores
+
+
+def test_attention_runs_in_integers_with_the_mask_path_in_float(tmp_path):
+    b = Builder(opset=17, named=False)
+    d, t = 16, 6
+    x = b.input("x", ["N", t, d])
+    m = b.input("mask", ["N", 1, t])
+    additive = b.node("Mul", [b.node("Sub", [b.const(np.float32(1)), m]), b.const(np.float32(-1e4))])
+    y, probs, scores = attention(b, b.node("LayerNormalization", [x, b.const(np.ones(d, np.float32)),
+                                                                  b.const(np.zeros(d, np.float32))], axis=-1),
+                                 d, mask=additive)
+    mask = np.ones((8, 1, t), np.float32)
+    mask[:, :, -2:] = 0
+    feeds = {"x": x_data(8, t, d), "mask": mask}
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path)
+    acts = {a["tensor"]: a for a in result.summary["activations"]}
+    assert acts[probs]["kind"] == "softmax_quant" and acts[probs]["range"] == [0.0, 1.0]
+    assert scores not in acts and additive not in acts  # the mask (-1e4) is never clipped
+
+
+def test_gelu_mlp_and_layernorm_residual_run_in_integers(tmp_path):
+    b = Builder(opset=17, named=False)
+    d = 16
+    x = b.input("x", ["N", 4, d])
+    h = b.matmul(x, d, 32, bias=True)
+    gelu = b.node("Mul", [b.node("Mul", [h, b.node("Add", [b.node("Erf", [b.node("Div", [
+        h, b.const(np.float32(np.sqrt(2)))])]), b.const(np.float32(1))])]), b.const(np.float32(0.5))])
+    y = b.node("Add", [x, b.matmul(gelu, 32, d, bias=True)])
+    y = b.node("LayerNormalization", [y, b.const(np.ones(d, np.float32)), b.const(np.zeros(d, np.float32))], axis=-1)
+    y = b.matmul(y, d, d, bias=True)
+    check_integer(b.proto([y]), {"x": x_data(8, 4, d)}, tmp_path)
+
+
+def test_what_stays_float_is_reported_with_its_reason(tmp_path):
+    b = Builder(opset=17, named=True)
+    d = 8
+    x = b.input("x", ["N", 4, d])
+    ln = b.node("LayerNormalization", [b.matmul(x, d, d), b.const(np.ones(d, np.float32)),
+                                       b.const(np.zeros(d, np.float32))], name="ln", axis=-1)
+    y = b.matmul(b.node("Erf", [ln], name="erf"), d, d)
+    _, result = quantize(b.proto([y]), {"x": x_data(8, 4, d)})
+    reasons = {x["node"]: x["reason"] for x in result.summary["float_ops"]}
+    assert "no integer kernel for LayerNormalization" in reasons["ln"]
+    assert "no integer kernel for Erf" in reasons["erf"]
+    assert not [x for x in result.summary["left_in_float"] if x["op"] in ("MatMul", "Conv", "Gemm")]
