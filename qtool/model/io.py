@@ -99,7 +99,37 @@ def model_from_proto(proto: onnx.ModelProto, label: str, base_dir: str | None = 
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, base_dir)
     validate.sort_graphs(model)
+    _external_constants_to_initializers(model.graph)
     return model
+
+
+def _external_constants_to_initializers(graph: ir.Graph) -> int:
+    """``Constant`` nodes whose value is in external data become initializers of the same name.
+
+    Every tool that hands a model to onnxruntime or to the onnx converters replaces
+    external initializers, never external node attributes, by the arrays; this keeps
+    the weights in their file (no copy) and makes such exports (``convert_attribute=True``)
+    work like the usual ones.
+    """
+    moved = 0
+    for node in list(graph):
+        if node.op_type != "Constant" or node.domain != "" or len(node.outputs) != 1:
+            continue
+        attr = node.attributes.get("value")
+        if attr is None or attr.type != ir.AttributeType.TENSOR or not isinstance(attr.as_tensor(), ir.ExternalTensor):
+            continue
+        old = node.outputs[0]
+        name = old.name
+        if not name or name in graph.initializers:
+            continue
+        value = ir.Value(name=None, shape=old.shape, type=old.type, const_value=attr.as_tensor())
+        old.replace_all_uses_with(value, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        old.name = None
+        value.name = name
+        graph.register_initializer(value)
+        moved += 1
+    return moved
 
 
 def _one_line(exc: BaseException) -> str:

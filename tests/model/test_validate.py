@@ -211,3 +211,24 @@ def test_a_model_proto_given_to_the_api_is_validated_and_not_modified():
     before = good.SerializeToString()
     rewrite_eval(good)
     assert good.SerializeToString() == before
+
+
+def test_constant_nodes_with_external_data_work_from_any_folder(tmp_path, monkeypatch):
+    """Exports with convert_attribute=True keep Constant values in the data file: they become
+    initializers when read, so calibration, the opset converter and the rewrites find them."""
+    import onnxruntime as ort
+
+    models = tmp_path / "models"
+    models.mkdir()
+    onnx.save(onnx.load(SAMPLE_MODEL), models / "ext.onnx", save_as_external_data=True, location="weights.bin",
+              size_threshold=0, convert_attribute=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name, run in (("e.onnx", rewrite_eval), ("t.onnx", rewrite_train)):
+        run(str(models / "ext.onnx"), str(models / name), calibration_data=str(SAMPLE_CALIB))
+        run(str(SAMPLE_MODEL), str(tmp_path / name), calibration_data=str(SAMPLE_CALIB))
+    x = np.load(SAMPLE_CALIB)["input"][:8]
+    got = ort.InferenceSession(str(models / "e.onnx")).run(None, {"input": x})[0]
+    want = ort.InferenceSession(str(tmp_path / "e.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_array_equal(got, want)
