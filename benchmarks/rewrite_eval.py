@@ -5,7 +5,7 @@ followed by an unfolded BatchNormalization, random weights, about 100 MB,
 opset 13, dynamic batch) and 16 calibration samples in a temporary folder,
 then times, as whole processes in the same run:
 
-- qtool:        ``qtool rewrite-eval model.onnx -o q.onnx --calibration-data calib.npz``
+- qtool:        ``qtool rewrite-eval model.onnx -o q.onnx --data calib.npz``
 - onnxruntime:  ``quant_pre_process`` then ``quantize_static`` (MinMax,
                 per-channel, QDQ, uint8 activations / int8 weights), one batch of 16
 
@@ -183,20 +183,21 @@ def main() -> None:
             f.write(_ORT_SCRIPT)
 
         qtool_cmd = [sys.executable, "-m", "qtool", "rewrite-eval", model, "-o", os.path.join(work, "q_qtool.onnx"),
-                     "--calibration-data", calib]  # default batch size (16)
+                     "--data", calib]  # default batch size (16)
         ort_cmd = [sys.executable, ort_script, model, os.path.join(work, "pre.onnx"),
                    os.path.join(work, "q_ort.onnx"), calib]
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         measure(qtool_cmd, here)  # warm numba's cache
         runs = {"qtool": [], "onnxruntime": []}
         if args.also:
-            measure(qtool_cmd, os.path.abspath(args.also))
+            also_cmd = [a if a != "--data" else "--calibration-data" for a in qtool_cmd]  # the 0.1 spelling
+            measure(also_cmd, os.path.abspath(args.also))
             runs["qtool@also"] = []
         for _ in range(args.repeats):
             runs["qtool"].append(measure(qtool_cmd, here))
             runs["onnxruntime"].append(measure(ort_cmd))
             if args.also:
-                runs["qtool@also"].append(measure(qtool_cmd, os.path.abspath(args.also)))
+                runs["qtool@also"].append(measure(also_cmd, os.path.abspath(args.also)))
 
         def summary(name):
             walls = [r["wall"] for r in runs[name]]

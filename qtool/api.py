@@ -260,17 +260,18 @@ def check_simulate_outputs(model, data, config: SimulateConfig, *outputs) -> Non
     check_outputs(list(outputs), read + [data, config.calibration_data])
 
 
-def _quantize_pairs(model, data: CalibrationData, pairs: list, batch_size: int, progress=None) -> list:
+def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateConfig, progress=None) -> list:
     """The what-if table's models: one fold, plan and calibration, then each (weight, activation)
     pair written from those ranges (the plan does not depend on the bit widths)."""
     planned = model.clone()
-    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs))
+    scope = {"scope": config.scope, "exclude": config.exclude}
+    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs), **scope)
     tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
-    ranges = cal.collect_ranges(planned, tensors, data, CalibrationConfig(batch_size=batch_size), widest,
+    ranges = cal.collect_ranges(planned, tensors, data, CalibrationConfig(batch_size=config.batch_size), widest,
                                 progress).ranges if tensors else {}
     out = []
     for wb, ab in pairs:
-        result = rewrite_eval(model, quant=QuantConfig(wb, ab), ranges=ranges or None)
+        result = rewrite_eval(model, quant=QuantConfig(wb, ab, **scope), ranges=ranges or None)
         out.append((result.model, result.warnings))
     return out
 

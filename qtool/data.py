@@ -96,6 +96,15 @@ class StoredArray:
             raise
         return _Closing(stream, archive)
 
+    def read(self) -> np.ndarray:
+        """The whole array (for users that need random access, such as training)."""
+        blocks = list(self.rows(max(1, self.shape[0]))) if self.shape and self.shape[0] else []
+        return blocks[0] if len(blocks) == 1 else np.empty(self.shape, self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.read()
+        return array if dtype is None else array.astype(dtype)
+
     def rows(self, size: int) -> Iterator[np.ndarray]:
         """Blocks of ``size`` samples (the last one may be shorter), read as they are asked for."""
         with self._open() as stream:

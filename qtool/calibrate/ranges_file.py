@@ -168,7 +168,9 @@ def read_ranges(source) -> GivenRanges:
     if isinstance(source, (str, os.PathLike)):
         label = f"ranges file '{os.fspath(source)}'"
         doc = _read_json(os.fspath(source))
-    ranges = load_ranges(doc)
+        ranges = parse_ranges(doc, label)  # a file is a qtool or onnxruntime document, never a bare mapping
+    else:
+        ranges = load_ranges(doc)
     if isinstance(doc, Mapping) and doc.get("format") == FORMAT:
         quantization = doc.get("quantization") if isinstance(doc.get("quantization"), Mapping) else {}
         return GivenRanges(ranges, "qtool", dict(quantization), label)

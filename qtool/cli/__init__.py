@@ -57,9 +57,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 
     \b
       qtool rewrite-train model.onnx -o model.qat.onnx
-      qtool rewrite-eval  model.onnx -o model.qdq.onnx --calibration-data calib.npz
+      qtool rewrite-eval  model.onnx -o model.qdq.onnx --data calib.npz
       qtool simulate      model.onnx --data eval.npz --labels labels
-      qtool calibrate     model.onnx --data calib.npz -o ranges.json --method entropy
+      qtool calibrate     model.onnx --data calib.npz -o ranges.json --calibration-method entropy
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -108,13 +109,58 @@ output_option = click.option(
 in_place_option = click.option(
     "--in-place", is_flag=True, help="Replace the input model (by an atomic rename at the end)."
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+json_option = click.option(
+    "--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+    help="The summary as JSON: on stdout (instead of the text), or into FILE (with the text on stdout).",
+)
+DATA_HELP = ".npz with one array per model input (first axis = samples), or a .npy for a one-input model."
+data_option = click.option("--data", "data", type=click.Path(dir_okay=False), default=None,
+                           help="Calibration data: " + DATA_HELP)
 calibration_data_option = click.option(
     "--calibration-data",
     type=click.Path(dir_okay=False),
     default=None,
-    help=".npz with one array per model input (first axis = samples), or a .npy for a one-input model.",
+    help=DATA_HELP,
 )
+
+
+def deprecated_alias(old: str, new: str, dest: str, **option):
+    """A hidden option ``old`` kept for a release: it warns and fills ``dest`` (the option ``new``)."""
+
+    def callback(ctx: click.Context, param, value):
+        if value is None or value is False:
+            return value
+        click.echo(f"qtool: warning: {old} is deprecated and will be removed; use {new}", err=True)
+        ctx.meta.setdefault("qtool.aliases", {})[dest] = (old, new, value)
+        return value
+
+    return click.option(old, f"alias_{dest}", hidden=True, default=None, expose_value=False, callback=callback,
+                        **option)
+
+
+def apply_aliases(ctx: click.Context, params: dict) -> None:
+    """Fill each option from its deprecated alias (one spelling at a time)."""
+    for dest, (old, new, value) in ctx.meta.get("qtool.aliases", {}).items():
+        if ctx.get_parameter_source(dest) == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"give {new} or {old}, not both")
+        params[dest] = value
+
+
+# options that only one calibration method reads: given for another method, they would be ignored
+METHOD_OPTIONS = {"percentile": ("percentile",), "num_bins": ("percentile", "entropy", "mse"), "ema_decay": ("ema",)}
+
+
+def check_method_options(ctx: click.Context, method: str) -> None:
+    """``--percentile`` without the percentile method (and the like) is an error, never ignored."""
+    for name, methods in METHOD_OPTIONS.items():
+        if method not in methods and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} is for --calibration-method {' or '.join(methods)}, not {method}")
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """The option was given on the command line (not left at its default)."""
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 batch_size_option = click.option(
     "--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Samples per inference batch."
 )
@@ -190,16 +236,43 @@ def calibration_config(params: dict):
                              params.pop("percentile"), params.pop("num_bins"), params.pop("ema_decay"))
 
 
-def print_result(result, as_json: bool) -> None:
-    """Warnings on stderr, then the summary: JSON (``--json``) or text."""
-    import json
-
-    for warning in result.to_dict().get("warnings", []):
+def print_result(result, json_out: str | None, verbose: bool = False) -> None:
+    """Warnings on stderr, then the summary: text, JSON on stdout (``--json``), or the text and a JSON
+    file (``--json FILE``). Notes (the same advice each run) are shown with ``--verbose`` only."""
+    summary = result.to_dict()
+    for warning in summary.get("warnings", []):
         click.echo(f"qtool: warning: {warning}", err=True)
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
-    else:
-        click.echo(result.format_text())
+    if json_out == "-":
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    if json_out is not None:
+        write_json(json_out, summary)
+    text = result.format_text()
+    if not verbose:
+        text = "\n".join(line for line in text.splitlines() if not line.startswith("  note: "))
+        if summary.get("notes"):
+            text += f"\n  ({len(summary['notes'])} note(s): --verbose shows them)"
+    click.echo(text)
+
+
+def write_json(path: str, document: dict) -> None:
+    """A JSON document written atomically (a temporary file in the folder, then a rename)."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".qtool-json-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f, indent=2, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+verbose_option = click.option("-v", "--verbose", is_flag=True, help="Also the notes (the same advice every run).")
 
 
 class ProgressBars:

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
 from qtool import api
+from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import (
-    ProgressBars,
+    apply_aliases,
     batch_size_option,
     calibration_config,
-    calibration_method_option,
-    ema_decay_option,
+    calibration_options,
+    check_method_options,
+    deprecated_alias,
     json_option,
-    num_bins_option,
-    percentile_option,
     quant_config,
     quantization_options,
+    write_json,
 )
+from qtool.cli._progress import StageProgress
 
 
 @click.command("calibrate")
@@ -28,34 +29,42 @@ from qtool.cli._common import (
               help=".npz with one array per model input (first axis = samples), or a .npy for a one-input model.")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,
               help="Ranges file to write (JSON, see docs/calibration.md).")
-@calibration_method_option("--method")
-@percentile_option
-@num_bins_option
-@ema_decay_option
+@calibration_options
+@deprecated_alias("--method", "--calibration-method", "calibration_method",
+                  type=click.Choice(("minmax", "ema", "percentile", "entropy", "mse")))
 @batch_size_option
 @quantization_options
 @json_option
-def calibrate_cmd(model, data, output, as_json, **params):
+@click.pass_context
+def calibrate_cmd(ctx, model, data, output, json_out, **params):
     """Run MODEL on --data and write the range of every tensor rewrite-eval would quantize.
 
     Use the same quantization options (bits, --symmetric, --scope, --exclude)
     here and in rewrite-eval: they decide which tensors are quantized.
 
     \b
-      qtool calibrate model.onnx --data calib.npz -o ranges.json --method entropy
+      qtool calibrate model.onnx --data calib.npz -o ranges.json --calibration-method entropy
       qtool rewrite-eval model.onnx -o model.qdq.onnx --ranges ranges.json
     """
-    bar = ProgressBars(enabled=not as_json and sys.stderr.isatty())
+    apply_aliases(ctx, params)
+    check_method_options(ctx, params["calibration_method"])
+    check_side_output(json_out, [output], model_files(model) + [data])
+    progress = StageProgress("calibrate")
     try:
-        summary = api.calibrate_to_file(model, data, output, quant=quant_config(params),
-                                        calibration=calibration_config(params), progress=bar.calibration).to_dict()
-    finally:
-        bar.close()
+        summary = api.calibrate_to_file(
+            model, data, output, quant=quant_config(params), calibration=calibration_config(params),
+            progress=lambda done, total: progress.update("calibrating", done, total)).to_dict()
+    except BaseException:
+        progress.close()
+        raise
+    progress.finish()
     for warning in summary["warnings"]:
         click.echo(f"qtool: warning: {warning}", err=True)
-    if as_json:
+    if json_out == "-":
         click.echo(json.dumps(summary, indent=2))
         return
+    if json_out is not None:
+        write_json(json_out, summary)
     options = ", ".join(f"{k}={v}" for k, v in summary["options"].items())
     click.echo(
         f"calibrated {summary['tensors']} tensor(s) of {summary['model']} on {summary['samples']} sample(s) "

@@ -8,7 +8,8 @@ import sys
 import click
 
 from qtool import api
-from qtool.cli._common import json_option, output_option
+from qtool.model.io import check_side_output, model_files
+from qtool.cli._common import json_option, output_option, write_json
 from qtool.finetune.config import FinetuneConfig
 
 @click.command("finetune")
@@ -53,11 +54,11 @@ from qtool.finetune.config import FinetuneConfig
 @json_option
 def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule, warmup_steps, labels, distillation,
                  distillation_weight, temperature, train_ranges, keep_best, validation_data, validation_labels, validate_every,
-                 seed, resume, quiet, as_json):
+                 seed, resume, quiet, json_out):
     """Train a 'rewrite-train' graph so the quantized model recovers its accuracy (JAX).
 
     \b
-      qtool rewrite-train model.onnx -o model.qat.onnx --calibration-data calib.npz --freeze-bn-delay 0
+      qtool rewrite-train model.onnx -o model.qat.onnx --data calib.npz --freeze-bn-delay 0
       qtool finetune model.qat.onnx --data train.npz -o model.tuned.onnx --steps 300
       qtool rewrite-eval model.tuned.onnx -o model.qdq.onnx
 
@@ -73,17 +74,20 @@ def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule
         distillation_weight=distillation_weight, temperature=temperature, train_ranges=train_ranges, keep_best=keep_best,
         validation_data=validation_data, validate_every=validate_every, seed=seed, resume=resume,
     )
-    show = not quiet and not as_json
+    show = not quiet and json_out != "-"
 
     def progress(p):
         if show:
             click.echo(f"qtool finetune: {p.format_text()}", err=True)
 
+    check_side_output(json_out, [output], model_files(model) + [data, validation_data])
     result = api.finetune(model, data, output, config, progress=progress)
-    if as_json:
+    if json_out == "-":
         click.echo(json.dumps(result.to_dict(), indent=2, default=_json_default))
-    else:
-        click.echo(result.format_text())
+        return
+    if json_out is not None:
+        write_json(json_out, result.to_dict())
+    click.echo(result.format_text())
     sys.stdout.flush()
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from qtool import api
 from qtool.errors import QtoolError
 from qtool.simulate.config import SimulateConfig
+from qtool.simulate.report import json_safe
 
-from qtool.cli._common import batch_size_option, calibration_data_option
+from qtool.cli._common import batch_size_option, calibration_data_option, json_option, scope_option
 from qtool.cli._progress import StageProgress
 
 
@@ -29,13 +32,16 @@ from qtool.cli._progress import StageProgress
               help="Comma-separated activation bit widths for the what-if table.  [default: 8]")
 @calibration_data_option
 @click.option("--sensitivity", is_flag=True, help="Also quantize one layer at a time and rank layers by damage.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write every number as JSON.")
+@json_option
+@scope_option
+@click.option("--exclude", multiple=True, metavar="NODE_NAME", help="Keep this node in float in the what-if table "
+              "(repeatable).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
               help="Write a self-contained HTML report: summary, advice, plots.")
 @click.option("-v", "--verbose", is_flag=True, help="Every row of every table, and the notes.")
 @batch_size_option
 def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight_bits, activation_bits,
-                 calibration_data, sensitivity, json_path, html_path, verbose, batch_size):
+                 calibration_data, sensitivity, json_out, scope, exclude, html_path, verbose, batch_size):
     """Report accuracy and per-tensor error of quantized versions of MODEL.
 
     \b
@@ -43,15 +49,17 @@ def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight
       qtool simulate model.onnx --data eval.npz --labels labels --weight-bits 4,8 \\
           --activation-bits 8,16 --calibration-data calib.npz --html report.html
     """
-    if quantized and (weight_bits is not None or activation_bits is not None):
-        raise QtoolError("--weight-bits/--activation-bits build the what-if table; they do not apply with --quantized")
+    if quantized and (weight_bits is not None or activation_bits is not None or scope or exclude):
+        raise QtoolError("--weight-bits/--activation-bits/--scope/--exclude build the what-if table; they do not "
+                         "apply with --quantized")
     config = SimulateConfig(
         labels=labels, output=output_name, quantized=quantized,
         weight_bits=weight_bits if weight_bits is not None else "8",
         activation_bits=activation_bits if activation_bits is not None else "8",
         calibration_data=calibration_data, sensitivity=sensitivity, batch_size=batch_size,
-        histograms=html_path is not None, batch_axis=list(batch_axis) or None,
+        histograms=html_path is not None, batch_axis=list(batch_axis) or None, scope=scope, exclude=exclude,
     )
+    json_path = json_out if json_out not in (None, "-") else None
     api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work
     progress = StageProgress("simulate")
     try:
@@ -66,6 +74,9 @@ def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight
         progress.close()
         raise
     progress.finish()
+    if json_out == "-":
+        click.echo(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False))
+        return
     click.echo(result.format_text(verbose=verbose))
     for path, what in ((json_path, "JSON"), (html_path, "HTML")):
         if path:

@@ -90,7 +90,9 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
                                  f"entries for {data.num_samples} samples")
             if labels.dtype.kind not in "iu":
                 raise QtoolError(f"{what} labels '{labels_key}' must be integer class ids, got {labels.dtype}")
-    return _Data(dict(data.arrays), labels, data.num_samples, data.source or "<arrays>", data.fixed_batch)
+    # training samples batches in random order: the arrays are read whole (calibration streams them)
+    arrays = {name: np.asarray(a) for name, a in data.arrays.items()}
+    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data.fixed_batch)
 
 
 # --- the contract ---------------------------------------------------------------------------------------

@@ -605,6 +605,18 @@ def check_outputs(outputs, inputs) -> None:
                 raise QtoolError(f"the outputs '{a}' and '{b}' are the same file")
 
 
+def check_side_output(path, outputs, inputs) -> None:
+    """A second output of a command (a ``--json FILE`` summary, written after the main one) is none
+    of the ``inputs`` and not the main ``outputs``; checked before any work. ``path`` None or "-"
+    (stdout): nothing to check."""
+    if path is None or path == "-":
+        return
+    check_outputs([path], inputs)
+    for out in outputs:
+        if isinstance(out, (str, os.PathLike)) and _same_path(os.fspath(path), os.fspath(out)):
+            raise QtoolError(f"the outputs '{os.fspath(path)}' and '{os.fspath(out)}' are the same file")
+
+
 def same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

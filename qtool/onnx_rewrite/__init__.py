@@ -8,7 +8,7 @@ those steps). One module per transformation:
 - ``placement``: where quantizers go (spec sections 2 and 2b), one
   :class:`~qtool.onnx_rewrite.placement.PlacementRule` class per rule;
 - ``eval_graph``: the plan as QuantizeLinear/DequantizeLinear (spec section 6),
-  with the onnxruntime additions (propagated input quantizers, int32 biases);
+  with the onnxruntime additions (carried quantizers share their source's scale, int32 biases);
 - ``eval_rewrite``: the eval rewrite's steps (strip, opset, fold, plan, encode);
 - ``fake_quant_function``: ``qtool::FakeQuant``, TF's FakeQuant as a model-local ONNX function;
 - ``fold_batch_norms_train``: the training fold (spec section 3, TF's correction scheme);

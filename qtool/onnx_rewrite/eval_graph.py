@@ -18,7 +18,8 @@ Two additions make onnxruntime run the layers in int8, as TF's converter
 does for TFLite; neither changes the values TF's fake-quant graph computes
 beyond the rounding of an int32 bias:
 
-- **propagated input quantizers**: a layer whose input comes from a quantized
+- **carried quantizers** (placed by ``placement.integer``; formerly "propagated input
+  quantizers"): a layer whose input comes from a quantized
   tensor through range-keeping ops (MaxPool, Reshape, Flatten, Transpose,
   (Un)Squeeze, Identity, AveragePool, GlobalAveragePool, ReduceMean/Max/Min) gets a Q/DQ with the
   same parameters on its input (TFLite also runs these ops on the input's

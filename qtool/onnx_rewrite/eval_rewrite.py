@@ -69,7 +69,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig) -> tuple[NameScope, Fold
     """Name nodes, fold batch norms and plan the quantizers of ``model`` (in place)."""
     graph = model.graph
     name_unnamed_nodes(graph)
-    check_exclude(graph, config.exclude)
+    check_exclude(graph, config.exclude, config.scope)
     names = NameScope(graph)
     folds = fold_batch_norms(graph, names, exclude=config.exclude)
     return names, folds, plan_quantization(graph, config)

@@ -8,6 +8,7 @@ encoding, the calibration); the summary dict is built only at the edge, by
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -165,7 +166,7 @@ def format_summary(s: dict) -> str:
                  f"{_ranges_source(s)})")
     extra = []
     if c["propagated_input_quantizers"]:
-        extra.append(_plural(c["propagated_input_quantizers"], "propagated input quantizer"))
+        extra.append(_plural(c["propagated_input_quantizers"], "quantizer") + " carried through shape ops")
     if c["biases_int32"]:
         extra.append(_plural(c["biases_int32"], "int32 bias"))
     if extra:
@@ -178,7 +179,9 @@ def format_summary(s: dict) -> str:
     lines.extend(_left_lines(s["left_in_float"]))
     if s["other_float_ops"]:
         ops = ", ".join(f"{op} x{n}" for op, n in s["other_float_ops"].items())
-        lines.append(f"  other ops (no rule)    {ops}")
+        wrapped = textwrap.wrap(ops, WIDTH - 25) or [""]
+        lines.append(f"  ops in float           {wrapped[0]}")
+        lines.extend(f"{'':25}{more}" for more in wrapped[1:])
     return "\n".join(lines + _tail_lines(s))
 
 
@@ -193,13 +196,27 @@ def _ranges_source(s: dict) -> str:
     return "none new"
 
 
+WIDTH = 80  # terminal tables fit 80 columns
+
+
+def middle(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis in the middle (both ends say the most)."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2:]
+
+
 def _left_lines(left: list[dict]) -> list[str]:
     if not left:
         return []
     lines = [f"  left in float          {len(left)}"]
-    width = max(len(f"{x['node']} ({x['op']})") for x in left)
-    for x in left:
-        lines.append(f"    {x['node'] + ' (' + x['op'] + ')':<{width}}  {x['reason']}")
+    labels = [middle(f"{x['node']} ({x['op']})", 34) for x in left]
+    width = max(len(label) for label in labels)
+    for label, x in zip(labels, left):
+        wrapped = textwrap.wrap(x["reason"], WIDTH - width - 6) or [""]
+        lines.append(f"    {label:<{width}}  {wrapped[0]}")
+        lines.extend(f"    {'':<{width}}  {more}" for more in wrapped[1:])
     return lines
 
 
@@ -325,7 +342,7 @@ def format_train_summary(s: dict) -> str:
     lines = [f"qtool rewrite-train: {s['input']} -> {s['output'] or '(not written)'}"]
     if s.get("already_training_graph"):
         lines.append(f"  state tensors          {c['state_tensors']} (step input '{s['step_input']}')")
-        lines.extend(f"  note: {note}" for note in s["notes"])
+        lines.extend(f"  {note}" for note in s["notes"])  # the answer, not advice: always shown
         return "\n".join(lines)
     if s["opset"]["input"] != s["opset"]["output"]:
         lines.append(f"  opset                  {s['opset']['input']} -> {s['opset']['output']}")

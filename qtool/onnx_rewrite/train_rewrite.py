@@ -107,7 +107,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
         model = convert_opset(model, MIN_OPSET, "the qtool::FakeQuant function body needs")
     graph = model.graph
     name_unnamed_nodes(graph)
-    check_exclude(graph, config.exclude)
+    check_exclude(graph, config.exclude, config.scope)
     constants_to_initializers(graph)
     names = NameScope(graph)
     matches, reasons = find_train_folds(graph, names, config.exclude)

@@ -105,9 +105,13 @@ class SimulateConfig:
     batch_size: int = 16
     histograms: bool = False
     batch_axis: dict[str, int] = field(default_factory=lambda: {ALL_OUTPUTS: 0})
+    scope: str | None = None  # the what-if table quantizes nodes under this prefix only
+    exclude: frozenset = frozenset()  # and keeps these nodes in float
 
     def __post_init__(self):
         set_ = object.__setattr__
+        set_(self, "scope", self.scope or None)
+        set_(self, "exclude", frozenset(self.exclude or ()))
         bs = self.batch_size
         if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
             raise QtoolError(f"batch size must be a positive integer, got {bs!r}")

@@ -25,9 +25,9 @@ EVAL_DATA_NOTE = ("calibrated on the evaluation data itself (no --calibration-da
                   "ranges fit this data exactly, so the accuracy shown is optimistic")
 
 
-# (float model, calibration data, [(weight bits, activation bits)], batch size, progress(done, total))
+# (float model, calibration data, [(weight bits, activation bits)], the config, progress(done, total))
 #   -> [(quantized model, warnings)] in the order of the pairs
-Quantize = Callable[[ir.Model, CalibrationData, list, int, Callable | None], list]
+Quantize = Callable[[ir.Model, CalibrationData, list, SimulateConfig, Callable | None], list]
 
 
 @dataclass
@@ -62,8 +62,7 @@ def quantize_in_memory(
     pairs = [(wb, ab) for wb in config.weight_bits for ab in config.activation_bits]
     notes = [EVAL_DATA_NOTE] if on_eval else []
     models = []
-    for (wb, ab), (model, warnings) in zip(pairs, quantize(float_model.model, data, pairs, config.batch_size,
-                                                            progress)):
+    for (wb, ab), (model, warnings) in zip(pairs, quantize(float_model.model, data, pairs, config, progress)):
         name = f"W{wb}A{ab}"
         notes += [f"{name}: {w}" for w in warnings]
         models.append(QuantizedModel(name, ModelInput(model, None, name), wb, ab))

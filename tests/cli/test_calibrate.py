@@ -38,7 +38,7 @@ def test_ranges_file_gives_the_same_model_as_calibrating_in_rewrite_eval(work, m
     assert invoke("calibrate", work / "model.onnx", "--data", work / "calib.npz", "-o", ranges,
                   "--method", method).exit_code == 0
     direct, via_file = work / "direct.onnx", work / "via_file.onnx"
-    r1 = invoke("rewrite-eval", work / "model.onnx", "-o", direct, "--calibration-data", work / "calib.npz",
+    r1 = invoke("rewrite-eval", work / "model.onnx", "-o", direct, "--data", work / "calib.npz",
                 "--calibration-method", method)
     r2 = invoke("rewrite-eval", work / "model.onnx", "-o", via_file, "--ranges", ranges, "--json")
     assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
@@ -146,7 +146,7 @@ def test_bad_ranges_files(work):
         assert messages[name] in result.stderr, (name, result.stderr)
         assert not out.exists()
     both = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--ranges", work / "other.json",
-                  "--calibration-data", work / "calib.npz")
+                  "--data", work / "calib.npz")
     assert both.exit_code == 2 and "not both" in both.stderr
 
 

@@ -16,7 +16,7 @@ from qtool.cli import main
 
 def test_rewrite_eval_sample(work):
     out = work / "model.qdq.onnx"
-    result = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--calibration-data", work / "calib.npz")
+    result = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--data", work / "calib.npz")
     assert result.exit_code == 0, result.output
     assert "batch norms folded     4 of 4" in result.stdout
     assert "layers quantized       5" in result.stdout
@@ -27,7 +27,7 @@ def test_rewrite_eval_sample(work):
 
 def test_json_summary(work):
     out = work / "model.qdq.onnx"
-    result = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--calibration-data", work / "calib.npz", "--json")
+    result = invoke("rewrite-eval", work / "model.onnx", "-o", out, "--data", work / "calib.npz", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["counts"]["batch_norms_folded"] == 4
@@ -49,7 +49,7 @@ def test_without_calibration_data_the_result_says_it_needs_calibration(work):
 def test_options_reach_the_rewrite(work):
     out = work / "out.onnx"
     result = invoke(
-        "rewrite-eval", work / "model.onnx", "-o", out, "--calibration-data", work / "calib.npz",
+        "rewrite-eval", work / "model.onnx", "-o", out, "--data", work / "calib.npz",
         "--per-tensor", "--symmetric", "--weight-bits", "7", "--activation-bits", "6",
         "--exclude", "Gemm_0", "--batch-size", "7", "--json",
     )
@@ -65,7 +65,7 @@ def test_options_reach_the_rewrite(work):
 def test_in_place(work):
     src = work / "model.onnx"
     before = src.read_bytes()
-    result = invoke("rewrite-eval", src, "--in-place", "--calibration-data", work / "calib.npz")
+    result = invoke("rewrite-eval", src, "--in-place", "--data", work / "calib.npz")
     assert result.exit_code == 0, result.output
     assert src.read_bytes() != before
     assert sorted(os.listdir(work)) == ["calib.npz", "model.onnx"]
@@ -139,24 +139,24 @@ def test_truncated_model(work):
 
 def test_calibration_names_do_not_fit(work):
     np.savez(work / "wrong.npz", images=np.zeros((4, 1, 8, 8), np.float32), other=np.zeros(4, np.float32))
-    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--calibration-data", work / "wrong.npz")
+    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--data", work / "wrong.npz")
     one_line_error(result, "no array for model input 'input'", "images")
 
 
 def test_calibration_shape_does_not_fit(work):
     np.savez(work / "wrong.npz", input=np.zeros((4, 1, 28, 28), np.float32))
-    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--calibration-data", work / "wrong.npz")
+    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--data", work / "wrong.npz")
     one_line_error(result, "input 'input'", "expected shape [N, 1, 8, 8]", "[4, 1, 28, 28]")
 
 
 def test_calibration_dtype_does_not_fit(work):
     np.save(work / "wrong.npy", np.zeros((4, 1, 8, 8), np.float64))
-    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--calibration-data", work / "wrong.npy")
+    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--data", work / "wrong.npy")
     one_line_error(result, "input 'input'", "expected dtype float32, got float64")
 
 
 def test_calibration_file_missing(work):
-    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--calibration-data", work / "none.npz")
+    result = bad(work, work / "model.onnx", "-o", work / "out.onnx", "--data", work / "none.npz")
     one_line_error(result, "calibration data file", "does not exist")
 
 

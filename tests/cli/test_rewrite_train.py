@@ -10,7 +10,7 @@ from cli_helpers import invoke
 
 def test_rewrite_train_sample_then_eval(work):
     out = work / "model.qat.onnx"
-    result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--calibration-data", work / "calib.npz",
+    result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--data", work / "calib.npz",
                     "--quant-delay", 5, "--freeze-bn-delay", 10)
     assert result.exit_code == 0, result.output
     assert "batch norms folded     4 of 4" in result.stdout
@@ -65,7 +65,7 @@ def test_in_place(work):
     (["model.onnx"], "-o/--output"),
     (["model.onnx", "-o", "out.onnx", "--quant-delay", "-1"], "quant-delay"),
     (["model.onnx", "-o", "out.onnx", "--weight-bits", "17"], "weight-bits"),
-    (["model.onnx", "-o", "out.onnx", "--calibration-data", "model.onnx"], "calibration"),
+    (["model.onnx", "-o", "out.onnx", "--data", "model.onnx"], "calibration"),
     (["model.onnx", "-o", "model.onnx"], "--in-place"),
 ])
 def test_bad_input_is_one_line_nonzero_exit_nothing_written(work, args, message, monkeypatch):

@@ -6,16 +6,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qtool.onnx_rewrite.eval_rewrite import rewrite_eval
-from qtool.onnx_rewrite.train_rewrite import rewrite_train
+from qtool.api import rewrite_eval
+from qtool.api import rewrite_train
+from qtool.config import QuantConfig, TrainSchedule
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 def test_rewrite_eval_of_a_training_graph_uses_the_recorded_bits(tmp_path):
     qat = tmp_path / "w4a3.qat.onnx"
-    rewrite_train(str(SAMPLES / "digits_cnn.onnx"), str(qat), weight_bits=4, activation_bits=3,
-                  calibration_data=str(SAMPLES / "calib.npz"), freeze_bn_delay=0)
+    rewrite_train(str(SAMPLES / "digits_cnn.onnx"), str(qat), calibration_data=str(SAMPLES / "calib.npz"), quant=QuantConfig(weight_bits=4, activation_bits=3), schedule=TrainSchedule(freeze_bn_delay=0))
     out = tmp_path / "w4a3.qdq.onnx"
     result = rewrite_eval(str(qat), str(out))  # no bits given: the contract's, not 8
     options = result.summary["options"]
@@ -31,6 +31,6 @@ def test_rewrite_eval_of_a_training_graph_uses_the_recorded_bits(tmp_path):
     assert max(spans) == 14
     assert not result.summary["warnings"]
     # other bits asked for explicitly: as asked, with a warning
-    other = rewrite_eval(str(qat), str(tmp_path / "other.onnx"), weight_bits=6)
+    other = rewrite_eval(str(qat), str(tmp_path / "other.onnx"), quant=QuantConfig(weight_bits=6))
     assert (other.summary["options"]["weight_bits"], other.summary["options"]["activation_bits"]) == (6, 3)
     assert any("written with weight_bits=4; deploying with weight_bits=6" in w for w in other.summary["warnings"])

@@ -11,6 +11,8 @@ folded; it is pure (edits nothing).
 
 from __future__ import annotations
 
+import difflib
+
 import onnx_ir as ir
 
 from qtool.config import QuantConfig
@@ -32,11 +34,22 @@ __all__ = ["RULES", "ActivationPoint", "LeftInFloat", "PlacementRule", "PlanCont
            "check_exclude", "plan_quantization"]
 
 
-def check_exclude(graph: ir.Graph, exclude) -> None:
-    """Every ``--exclude`` name must be a node of the model (typos would silently do nothing)."""
-    unknown = sorted(set(exclude or ()) - {n.name for n in graph.all_nodes()})
+def check_exclude(graph: ir.Graph, exclude, scope: str | None = None) -> None:
+    """Every ``--exclude`` name must be a node of the model, and ``--scope`` must match one (a typo
+    would silently quantize everything, or nothing)."""
+    names = [n.name for n in graph.all_nodes() if n.name]
+    unknown = sorted(set(exclude or ()) - set(names))
     if unknown:
-        raise QtoolError(f"--exclude: no node named {', '.join(repr(u) for u in unknown)} in the model")
+        close = difflib.get_close_matches(unknown[0], names, n=3)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise QtoolError(f"--exclude: no node named {', '.join(repr(u) for u in unknown)} in the model{hint}")
+    if scope and not any(name.startswith(scope) for name in names):
+        parts = [name.split("/") for name in names]
+        prefixes = sorted({name[: len(scope)] for name in names} | {"/".join(p[:k]) for p in parts
+                                                                      for k in range(1, len(p) + 1)})
+        close = difflib.get_close_matches(scope, prefixes, n=3, cutoff=0.4)
+        hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else ""
+        raise QtoolError(f"--scope {scope!r} matches no node name{hint}")
 
 
 def plan_quantization(graph: ir.Graph, config: QuantConfig, rules: tuple[PlacementRule, ...] = RULES) -> QuantPlan:
