@@ -49,11 +49,11 @@ def test_rewrite_eval_outputs_onto_inputs(work, ext, ranges):
     before = snapshot(work)
     cases = [
         (["-o", work / "weights.bin"], ext, "weights.bin"),  # the input's external data
-        (["-o", calib, "--calibration-data", calib], model, "calib.npz"),
-        (["-o", work / "hard.npz", "--calibration-data", calib], model, "hard.npz"),  # a hard link of it
+        (["-o", calib, "--data", calib], model, "calib.npz"),
+        (["-o", work / "hard.npz", "--data", calib], model, "hard.npz"),  # a hard link of it
         (["-o", ranges, "--ranges", ranges], model, "ranges.json"),
         (["-o", work / "link.onnx"], model, "is the input model"),  # a symlink to the input
-        (["-o", ext, "--calibration-data", calib], ext, "is the input model; use --in-place"),
+        (["-o", ext, "--data", calib], ext, "is the input model; use --in-place"),
     ]
     for args, src, fragment in cases:
         one_line(invoke("rewrite-eval", src, *args), fragment)
@@ -64,15 +64,14 @@ def test_rewrite_eval_outputs_onto_inputs(work, ext, ranges):
 
 
 def test_the_message_names_both_paths(work):
-    result = invoke("rewrite-eval", work / "model.onnx", "-o", work / "calib.npz",
-                    "--calibration-data", work / "calib.npz")
+    result = invoke("rewrite-eval", work / "model.onnx", "-o", work / "calib.npz", "--data", work / "calib.npz")
     one_line(result, f"the output '{work / 'calib.npz'}' is the input '{work / 'calib.npz'}'")
 
 
 def test_rewrite_train_outputs_onto_inputs(work, ext):
     before = snapshot(work)
-    one_line(invoke("rewrite-train", work / "model.onnx", "-o", work / "calib.npz",
-                    "--calibration-data", work / "calib.npz"), "calib.npz")
+    one_line(invoke("rewrite-train", work / "model.onnx", "-o", work / "calib.npz", "--data", work / "calib.npz"),
+             "calib.npz")
     one_line(invoke("rewrite-train", ext, "-o", work / "weights.bin"), "weights.bin")
     assert snapshot(work) == before
 
@@ -89,8 +88,7 @@ def test_calibrate_outputs_onto_inputs(work, ext):
 def test_simulate_reports_onto_inputs(work, ext):
     shutil.copy(EVAL, work / "eval.npz")
     quantized = work / "q.onnx"
-    assert invoke("rewrite-eval", work / "model.onnx", "-o", quantized,
-                  "--calibration-data", work / "calib.npz").exit_code == 0
+    assert invoke("rewrite-eval", work / "model.onnx", "-o", quantized, "--data", work / "calib.npz").exit_code == 0
     before = snapshot(work)
     base = ["simulate", ext, "--data", work / "eval.npz", "--labels", "labels"]
     one_line(invoke(*base, "--json", ext), "ext.onnx")
@@ -100,6 +98,21 @@ def test_simulate_reports_onto_inputs(work, ext):
     one_line(invoke(*base, "--calibration-data", work / "calib.npz", "--json", work / "calib.npz"), "calib.npz")
     one_line(invoke(*base, "--json", work / "r.txt", "--html", work / "r.txt"), "are the same file")
     one_line(invoke(*base, "--json", work / "missing" / "r.json"), "does not exist")
+    assert snapshot(work) == before
+
+
+def test_json_summary_files_onto_inputs_or_the_output(work, ext, ranges):
+    before = snapshot(work)
+    model, calib = work / "model.onnx", work / "calib.npz"
+    one_line(invoke("rewrite-eval", model, "-o", work / "q.onnx", "--json", model), "model.onnx")
+    one_line(invoke("rewrite-eval", ext, "-o", work / "q.onnx", "--json", work / "weights.bin"), "weights.bin")
+    one_line(invoke("rewrite-eval", model, "-o", work / "q.onnx", "--ranges", ranges, "--json", ranges), "ranges.json")
+    one_line(invoke("rewrite-eval", model, "-o", work / "q.onnx", "--json", work / "q.onnx"), "are the same file")
+    one_line(invoke("rewrite-eval", model, "--in-place", "--json", model), "model.onnx")
+    one_line(invoke("rewrite-train", model, "-o", work / "t.onnx", "--data", calib, "--json", calib), "calib.npz")
+    one_line(invoke("calibrate", model, "--data", calib, "-o", work / "r.json", "--json", work / "r.json"),
+             "are the same file")
+    one_line(invoke("calibrate", model, "--data", calib, "-o", work / "r.json", "--json", calib), "calib.npz")
     assert snapshot(work) == before
 
 
