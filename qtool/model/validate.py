@@ -123,7 +123,9 @@ def _check_attributes(node: onnx.NodeProto, label: str) -> None:
             raise QtoolError(f"'{label}' is not a valid ONNX model: attribute '{attr.name}' of node "
                              f"'{node.name or node.op_type}' has no type (UNDEFINED)")
         where = f"tensor attribute '{attr.name}' of node '{node.name or node.op_type}'"
-        for tensor in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
+        # the tensor field the type names (the IR reads it whether it is set or not)
+        tensors = [attr.t] if attr.HasField("t") or attr.type == onnx.AttributeProto.TENSOR else []
+        for tensor in tensors + list(attr.tensors):
             _check_tensor_type(tensor, where, label)
 
 

@@ -113,6 +113,12 @@ def test_undefined_attribute_type(tmp_path):
     refused(tmp_path, m, "attribute 'dilations' of node 'Conv_0' has no type \\(UNDEFINED\\)")
 
 
+def test_tensor_attribute_without_a_tensor(tmp_path):
+    m = copy.deepcopy(BASE)
+    m.graph.node[0].attribute[0].type = onnx.AttributeProto.TENSOR
+    refused(tmp_path, m, "tensor attribute 'dilations' of node 'Conv_0' has no data type \\(UNDEFINED\\)")
+
+
 def test_attribute_type_mismatch_is_reported_by_the_checker(tmp_path):
     m = copy.deepcopy(BASE)
     m.graph.node[0].attribute[0].type = onnx.AttributeProto.FLOAT
