@@ -52,9 +52,7 @@ from qtool.finetune.config import FinetuneConfig
               help="MODEL is a file written by qtool finetune: continue its schedule from the step it reached.")
 @click.option("--quiet", is_flag=True, help="No progress lines.")
 @json_option
-def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule, warmup_steps, labels, distillation,
-                 distillation_weight, temperature, train_ranges, keep_best, validation_data, validation_labels, validate_every,
-                 seed, resume, quiet, json_out):
+def finetune_cmd(model, data, output, quiet, json_out, **options):
     """Train a 'rewrite-train' graph so the quantized model recovers its accuracy (JAX).
 
     \b
@@ -68,12 +66,7 @@ def finetune_cmd(model, data, output, steps, batch_size, learning_rate, schedule
     """
     if output is None:
         raise click.UsageError("give an output path with -o/--output")
-    config = FinetuneConfig(
-        steps=steps, batch_size=batch_size, learning_rate=learning_rate, schedule=schedule,
-        warmup_steps=warmup_steps, labels=labels, validation_labels=validation_labels, distillation=distillation,
-        distillation_weight=distillation_weight, temperature=temperature, train_ranges=train_ranges, keep_best=keep_best,
-        validation_data=validation_data, validate_every=validate_every, seed=seed, resume=resume,
-    )
+    config = FinetuneConfig(**options)  # every other option is a FinetuneConfig field of the same name
     show = not quiet and json_out != "-"
 
     def progress(p):

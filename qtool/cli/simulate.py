@@ -40,8 +40,7 @@ from qtool.cli._progress import StageProgress
               help="Write a self-contained HTML report: summary, advice, plots.")
 @click.option("-v", "--verbose", is_flag=True, help="Every row of every table, and the notes.")
 @batch_size_option
-def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight_bits, activation_bits,
-                 calibration_data, sensitivity, json_out, scope, exclude, html_path, verbose, batch_size):
+def simulate_cmd(model, data, json_out, html_path, verbose, **params):
     """Report accuracy and per-tensor error of quantized versions of MODEL.
 
     \b
@@ -49,15 +48,17 @@ def simulate_cmd(model, data, labels, output_name, batch_axis, quantized, weight
       qtool simulate model.onnx --data eval.npz --labels labels --weight-bits 4,8 \\
           --activation-bits 8,16 --calibration-data calib.npz --html report.html
     """
-    if quantized and (weight_bits is not None or activation_bits is not None or scope or exclude):
+    quantized, weight_bits, activation_bits = params["quantized"], params["weight_bits"], params["activation_bits"]
+    if quantized and (weight_bits is not None or activation_bits is not None or params["scope"] or params["exclude"]):
         raise QtoolError("--weight-bits/--activation-bits/--scope/--exclude build the what-if table; they do not "
                          "apply with --quantized")
     config = SimulateConfig(
-        labels=labels, output=output_name, quantized=quantized,
+        labels=params["labels"], output=params["output_name"], quantized=quantized,
         weight_bits=weight_bits if weight_bits is not None else "8",
         activation_bits=activation_bits if activation_bits is not None else "8",
-        calibration_data=calibration_data, sensitivity=sensitivity, batch_size=batch_size,
-        histograms=html_path is not None, batch_axis=list(batch_axis) or None, scope=scope, exclude=exclude,
+        calibration_data=params["calibration_data"], sensitivity=params["sensitivity"],
+        batch_size=params["batch_size"], histograms=html_path is not None,
+        batch_axis=list(params["batch_axis"]) or None, scope=params["scope"], exclude=params["exclude"],
     )
     json_path = json_out if json_out not in (None, "-") else None
     api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work

@@ -75,13 +75,13 @@ class Storage:
     @property
     def needs_clip(self) -> bool:
         """True when the container holds more values than the grid (odd widths)."""
-        return self.grid != _CONTAINER_RANGE[self.dtype]
+        return self.grid != CONTAINER_RANGE[self.dtype]
 
     def numpy_dtype(self) -> np.dtype:
         return self.dtype.numpy()
 
 
-_CONTAINER_RANGE = {
+CONTAINER_RANGE = {
     ir.DataType.INT8: (-128, 127),
     ir.DataType.UINT8: (0, 255),
     ir.DataType.INT16: (-32768, 32767),

@@ -57,6 +57,8 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
     target = needed_opset(config)
     if default_opset(model) >= target or not any(is_layer(n) for n in model.graph):
         return model
+    if any(n.domain == "" and n.op_type == "DequantizeLinear" for n in model.graph):
+        return model  # already quantized (by qtool: another tool's model is refused before): nothing new
     why = []
     if config.per_channel and target >= 13:
         why.append("per-channel QuantizeLinear/DequantizeLinear need")

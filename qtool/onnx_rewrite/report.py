@@ -145,6 +145,10 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
     plan = prepared.plan
     if plan.is_empty() and any(p.exists for p in plan.weights + plan.activations) and not prepared.folds.folded:
         notes.append("the model is already quantized: nothing to do")
+        asked = {k: v for k, v in prepared.config.to_dict().items() if v != QuantConfig().to_dict()[k]}
+        if asked:  # options that would change what is already written are not applied: say so
+            warnings.append("the model is already quantized by qtool, so these options change nothing: "
+                            + ", ".join(f"{k}={v}" for k, v in asked.items()) + "; rewrite the float model")
     return warnings, notes
 
 

@@ -36,19 +36,14 @@ from functools import cached_property
 import numpy as np
 import onnx_ir as ir
 
+from qtool.model.codec import CONTAINER_RANGE
+from qtool.model.layers import LAYER_OPS
+from qtool.model.session import value_map
 from qtool.model.constants import constant_array
 
-LAYER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
 _FUSED_AFTER_LAYER = ("Relu", "Clip", "BatchNormalization", "Add", "LeakyRelu", "Sigmoid", "HardSigmoid")
-_CODE_DTYPES = {
-    ir.DataType.INT8: (-128, 127),
-    ir.DataType.UINT8: (0, 255),
-    ir.DataType.INT16: (-32768, 32767),
-    ir.DataType.UINT16: (0, 65535),
-    ir.DataType.INT4: (-8, 7),
-    ir.DataType.UINT4: (0, 15),
-}
+_CODE_DTYPES = CONTAINER_RANGE  # the codes a container type holds
 # code types numpy (and so onnxruntime's Python outputs) holds as plain integers
 _NUMPY_CODES = (ir.DataType.INT8, ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16)
 
@@ -263,13 +258,7 @@ def _uses(value: ir.Value) -> list[tuple[ir.Node, int]]:
     return [(u[0], u[1]) for u in value.uses()]
 
 
-def value_index(graph: ir.Graph) -> dict[str, ir.Value]:
-    values = {v.name: v for v in graph.inputs if v.name}
-    for node in graph:
-        for out in node.outputs:
-            if out.name:
-                values[out.name] = out
-    return values
+value_index = value_map  # every named tensor of a graph (the one definition is the session floor's)
 
 
 class FloatIndex:

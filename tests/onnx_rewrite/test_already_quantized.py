@@ -48,3 +48,11 @@ def test_qtools_own_output_is_recognised_and_left_as_it_is(float_model):
     assert first.summary["changed"] and not again.summary["changed"]
     assert "already quantized: nothing to do" in again.summary["notes"][-1]
     assert np.array_equal(np.fromfile(folder / "q.onnx", np.uint8), np.fromfile(folder / "q2.onnx", np.uint8))
+
+
+def test_options_on_an_already_quantized_model_are_a_warning_not_silence(float_model):
+    path, x, folder = float_model
+    qtool.rewrite_eval(path, str(folder / "q8.onnx"), calibration_data={"x": x})
+    again = qtool.rewrite_eval(str(folder / "q8.onnx"), quant=qtool.QuantConfig(weight_bits=4))
+    assert any("already quantized by qtool" in w and "weight_bits=4" in w for w in again.warnings)
+    assert not again.summary["changed"]

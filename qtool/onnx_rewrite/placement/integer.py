@@ -202,6 +202,80 @@ def _join(ctx: PlanContext, members: list[ActivationPoint], group: int) -> None:
             m.group = group
 
 
+class UnreadQuantizers(PlacementRule):
+    """A quantizer whose producer runs in float anyway and that no integer op reads is dropped (in the
+    eval and the training graph alike): it would only cost a Q/DQ pair.
+
+    - a MatMul chain's output (TF's quantizer after the bias Add): with a symbolic batch onnxruntime
+      runs ``DQ -> MatMul -> Add(bias)`` as MatMulIntegerToFloat with the bias folded in; a pair on its
+      output read by float ops (GELU's Div/Erf, LayerNormalization) made it 0.66x float against
+      0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias);
+    - an Add/Mul with a float constant operand (TF's rule 4 counts a constant as quantized): there is no
+      QLinearAdd/QLinearMul for it.
+    A Conv/Gemm output keeps its pair: QLinearConv and QGemm need it."""
+
+    name = "unread quantizers"
+
+    def candidates(self, ctx):
+        return [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
+                and p.group is None and (_matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value))]
+
+    def check(self, ctx, point):
+        if point.value.is_graph_output() or ctx.view.is_graph_output(point.value):
+            return "a graph output"
+        readers = _readers_through_carries(ctx, point.value)
+        if any(_integer_reader(ctx, r) for r in readers):
+            return "an integer op reads it"
+        return None
+
+    def apply(self, ctx, point):
+        ctx.drop_activation(point)
+
+
+def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:
+    producer = value.producer()
+    return (producer is not None and producer.domain == "" and producer.op_type in ("Add", "Mul")
+            and len(_variable_inputs(ctx, producer)) < 2)
+
+
+def _matmul_chain_end(ctx: PlanContext, value: ir.Value) -> bool:
+    producer = value.producer()
+    if producer is None or producer.domain != "":
+        return False
+    if producer.op_type == "Add":  # the bias Add of a MatMul
+        inputs = [ctx.view.input(producer, i) for i in range(len(producer.inputs))]
+        layers = [v.producer() for v in inputs if v is not None and v.producer() is not None]
+        return any(p.op_type == "MatMul" and is_layer(p) for p in layers) and any(is_constant(v) for v in inputs
+                                                                                  if v is not None)
+    return producer.op_type == "MatMul" and len(_variable_inputs(ctx, producer)) == 1
+
+
+def _readers_through_carries(ctx: PlanContext, value: ir.Value) -> list[ir.Node]:
+    readers, stack, seen = [], [value], set()
+    while stack:
+        v = stack.pop()
+        for user in ctx.view.consumers(v):
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if user.domain == "" and user.op_type in CARRY_OPS:
+                stack.extend(o for o in user.outputs if o is not None)
+            else:
+                readers.append(user)
+    return readers
+
+
+def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
+    """``node`` runs in integers in onnxruntime when its inputs are quantized."""
+    if is_layer(node) or node.domain != "":
+        return is_layer(node)
+    if node.op_type not in INTEGER_KERNELS:
+        return False
+    if node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2:
+        return False  # with a float constant operand there is no QLinearAdd/QLinearMul
+    return all(ctx.point(o) is not None for o in node.outputs if o is not None)
+
+
 class FloatOps(PlacementRule):
     """Not a placement: every op that stays in float, with its reason (the report), and the counts."""
 
@@ -250,4 +324,5 @@ def _float_reason(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> 
     return "its output is not quantized"
 
 
-INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), FloatOps())
+INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), UnreadQuantizers(),
+                                             FloatOps())

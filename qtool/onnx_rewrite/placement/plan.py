@@ -206,6 +206,11 @@ class PlanContext:
         if key not in self._left:
             self._left[key] = LeftInFloat(node.name, node.op_type, reason)
 
+    def drop_activation(self, point: ActivationPoint) -> None:
+        """A later rule found ``point`` useless: it goes (nothing carries from it or groups with it)."""
+        self._points.pop(id(point.value), None)
+        self.plan.activations = [p for p in self.plan.activations if p is not point]
+
     def forget_left(self, node: ir.Node) -> None:
         """A later rule made ``node`` run in integers after all: it is not left in float."""
         self._left.pop(node.name or str(id(node)), None)
