@@ -22,7 +22,17 @@ from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
 from qtool.finetune.config import FinetuneConfig
 from qtool.model.codec import foreign_quantization
-from qtool.model.io import OpenedModel, as_ir_model, check_output_path, open_model, save_model, same_file
+from qtool.model.io import (
+    OpenedModel,
+    as_ir_model,
+    check_output_path,
+    check_outputs,
+    load_model,
+    model_files,
+    open_model,
+    save_model,
+    same_file,
+)
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
 from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
@@ -85,7 +95,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock = _Clock()
     if ranges is not None and calibration_data is not None:
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
-    opened = open_model(model, output, in_place)
+    opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
     _check_float(opened)
     clock.lap("load")
     given = cal.read_ranges(ranges) if ranges is not None else None
@@ -153,7 +163,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     says. The training contract is in ``metadata_props["qtool.training"]``
     (``docs/training.md``); a qtool training graph is returned as it is.
     """
-    opened = open_model(model, output, in_place)
+    opened = open_model(model, output, in_place, inputs=[calibration_data])
     _check_float(opened)
     contract = existing_contract(opened.model, opened.label)
     if contract is not None:  # already rewritten: report, do not rewrite twice
@@ -190,6 +200,10 @@ def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
     ir_model = as_ir_model(model)
     if not isinstance(model, (str, os.PathLike)):
         ir_model = ir_model.clone()
+    return _calibrate(ir_model, data, tensors, quant, calibration, progress)
+
+
+def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
     if tensors is None:
         tensors = fold_and_plan(ir_model, quant)[2].tensors_to_calibrate()
     loaded = load_calibration_data(data, input_specs(ir_model))
@@ -205,11 +219,17 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
     """
     out = os.fspath(output)
     check_output_path(out)
-    if isinstance(model, (str, os.PathLike)) and os.path.exists(out) and os.path.exists(model) \
-            and same_file(out, model):
-        raise QtoolError(f"the output '{out}' is the input model")
-    result = calibrate(model, data, quant=quant, calibration=calibration, progress=progress)
-    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    label = None
+    if isinstance(model, (str, os.PathLike)):
+        label = os.fspath(model)
+        if os.path.exists(out) and os.path.exists(label) and same_file(out, label):
+            raise QtoolError(f"the output '{os.fspath(output)}' is the input model")
+        ir_model = load_model(label).model
+        check_outputs([out], model_files(label, ir_model) + [data])
+    else:
+        check_outputs([out], [data])
+        ir_model = as_ir_model(model).clone()
+    result = _calibrate(ir_model, data, None, quant, calibration, progress)
     return cal.write_ranges_file(out, result, label, quant, calibration.batch_size)
 
 
@@ -222,6 +242,7 @@ def simulate(model, data, config: SimulateConfig | None = None, *, json_path=Non
     ``json_path``/``html_path``: also write the report there. ``progress(stage, done, total)``.
     """
     config = config or SimulateConfig()
+    check_simulate_outputs(model, data, config, json_path, html_path)
     if html_path is not None and not config.histograms:
         config = dataclasses.replace(config, histograms=True)
     result = run_simulation(model, data, config, _quantize_pairs, progress)
@@ -230,6 +251,13 @@ def simulate(model, data, config: SimulateConfig | None = None, *, json_path=Non
     if html_path is not None:
         result.write_html(html_path)
     return result
+
+
+def check_simulate_outputs(model, data, config: SimulateConfig, *outputs) -> None:
+    """The report files ``outputs`` are none of the files ``simulate`` reads (the models with their
+    external data, the data) and can be written (``qtool.model.io.check_outputs``)."""
+    read = [f for m in (model, *config.quantized) if isinstance(m, (str, os.PathLike)) for f in model_files(m)]
+    check_outputs(list(outputs), read + [data, config.calibration_data])
 
 
 def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateConfig, progress=None) -> list:
@@ -254,6 +282,8 @@ TRAIN_EXTRA_MESSAGE = "qtool finetune needs the train extra: pip install 'qtool[
 def finetune(model, data, output, config: FinetuneConfig | None = None, *, progress=None):
     """Quantization-aware fine-tuning of a ``rewrite_train`` graph with JAX (``docs/finetune.md``):
     the same contract written to ``output`` with the trained values. Needs the ``train`` extra."""
+    read = model_files(model) if isinstance(model, (str, os.PathLike)) else []
+    check_outputs([output], read + [data, config.validation_data if config is not None else None])
     if any(importlib.util.find_spec(name) is None for name in ("jax", "jaxlib", "optax")):
         raise QtoolError(TRAIN_EXTRA_MESSAGE)
     from qtool.finetune import train  # jax: an optional heavy engine, imported only when used

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qtool.errors import QtoolError
+from qtool.model.io import RANGES_TMP_PREFIX, clean_stale
 
 FORMAT = "qtool.ranges"
 VERSION = 1
@@ -68,12 +69,21 @@ def save_ranges(path, document: dict) -> str:
         raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
     if os.path.isdir(path):
         raise QtoolError(f"cannot write '{path}': it is a folder")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".qtool-ranges-", suffix=".tmp")
+    clean_stale(folder)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
+    except OSError as exc:
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(document, f, indent=1, allow_nan=False)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
     except BaseException:
         try:
             os.unlink(tmp)
@@ -81,6 +91,13 @@ def save_ranges(path, document: dict) -> str:
             pass
         raise
     return path
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _number(v, where: str) -> float:

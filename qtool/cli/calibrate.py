@@ -7,6 +7,7 @@ import json
 import click
 
 from qtool import api
+from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import (
     apply_aliases,
     batch_size_option,
@@ -47,6 +48,7 @@ def calibrate_cmd(ctx, model, data, output, json_out, **params):
     """
     apply_aliases(ctx, params)
     check_method_options(ctx, params["calibration_method"])
+    check_side_output(json_out, [output], model_files(model) + [data])
     progress = StageProgress("calibrate")
     try:
         summary = api.calibrate_to_file(

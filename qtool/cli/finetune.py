@@ -8,6 +8,7 @@ import sys
 import click
 
 from qtool import api
+from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import json_option, output_option, write_json
 from qtool.finetune.config import FinetuneConfig
 
@@ -72,6 +73,7 @@ def finetune_cmd(model, data, output, quiet, json_out, **options):
         if show:
             click.echo(f"qtool finetune: {p.format_text()}", err=True)
 
+    check_side_output(json_out, [output], model_files(model) + [data, config.validation_data])
     result = api.finetune(model, data, output, config, progress=progress)
     if json_out == "-":
         click.echo(json.dumps(result.to_dict(), indent=2, default=_json_default))

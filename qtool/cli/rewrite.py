@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from qtool import api
+from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import (
     apply_aliases,
     batch_size_option,
@@ -75,6 +76,7 @@ def rewrite_train_cmd(ctx, model, **params):
     with 'qtool finetune'; then 'qtool rewrite-eval' makes the int8 model.
     """
     _prepare(ctx, params)
+    check_side_output(params["json_out"], [params["output"]], model_files(model) + [params["data"]])
     quant, calibration = quant_config(params), calibration_config(params)
     schedule = TrainSchedule(params["quant_delay"], params["freeze_bn_delay"])
     result = _run("rewrite-train", lambda progress: api.rewrite_train(
@@ -104,6 +106,8 @@ def rewrite_eval_cmd(ctx, model, **params):
       qtool rewrite-eval model.onnx -o model.qdq.onnx --data calib.npz
     """
     _prepare(ctx, params)
+    check_side_output(params["json_out"], [params["output"]],
+                      model_files(model) + [params["data"], params["ranges_file"]])
     quant, calibration = quant_config(params), calibration_config(params)
     result = _run("rewrite-eval", lambda progress: api.rewrite_eval(
         model, params["output"], quant=quant, calibration=calibration, calibration_data=params["data"],

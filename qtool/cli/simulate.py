@@ -61,6 +61,7 @@ def simulate_cmd(model, data, json_out, html_path, verbose, **params):
         batch_axis=list(params["batch_axis"]) or None, scope=params["scope"], exclude=params["exclude"],
     )
     json_path = json_out if json_out not in (None, "-") else None
+    api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work
     progress = StageProgress("simulate")
     try:
         result = api.simulate(model, data, config, progress=progress.update)

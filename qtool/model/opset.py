@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
-from qtool.model.io import light_proto, restore_tensors
+from qtool.model.io import external_tensors, light_proto, restore_tensors
 
 
 def default_opset(model: ir.Model) -> int:
@@ -40,6 +40,11 @@ def convert_opset(model: ir.Model, target: int, why: str) -> ir.Model:
         ) from exc
     del proto
     new = ir.serde.deserialize_model(converted)
+    # external tensors the light proto kept (Constant nodes' values) are read from where the model lives,
+    # not from the working folder
+    base_dirs = {tensor.base_dir for _, tensor in external_tensors(model) if tensor.base_dir}
+    if len(base_dirs) == 1:
+        ir.external_data.set_base_dir(new.graph, base_dirs.pop())
     restore_tensors(new, saved)
     return new
 

@@ -44,6 +44,7 @@ from qtool.onnx_rewrite._train_ops import Ops
 from qtool.config import QuantConfig
 from qtool.model.codec import symmetric_ratio, widen
 from qtool.model.io import load_model
+from qtool.model.validate import check_finite_parameters
 
 METADATA_KEY = "qtool.training"
 CONTRACT_VERSION = 1
@@ -247,7 +248,124 @@ def training_contract(model) -> dict:
         raise QtoolError(f"the model's 'qtool.training' metadata is not valid JSON ({exc})") from exc
     if not isinstance(contract, dict) or contract.get("version") != CONTRACT_VERSION:
         raise QtoolError("the model's 'qtool.training' metadata is not a version-1 qtool training contract")
+    check_contract(contract, model if isinstance(model, ir.Model) else None)
     return contract
+
+
+# the contract's layout (docs/training.md): key -> the types its value may have
+_STR, _NUM, _OPT_NUM = (str,), (int, float), (int, float, type(None))
+_CONTRACT_KEYS = {"step_input": _STR, "quant_delay": (int,), "freeze_bn_delay": (int, type(None)),
+                  "state": (dict,), "parameters": (list,), "activation_quantizers": (list,),
+                  "weight_quantizers": (list,), "batch_norms": (list,)}
+_ACTIVATION_KEYS = {"quantizer": _STR, "tensor": _STR, "input": _STR, "output": _STR, "min": _STR, "max": _STR,
+                    "bits": (int,)}
+_WEIGHT_KEYS = {"quantizer": _STR, "input": _STR, "output": _STR, "layers": (list,), "bits": (int,)}
+_BATCH_NORM_KEYS = {"name": _STR, "layer": _STR, "prefix": _STR, "output": _STR, "layer_inputs": (list,),
+                    "layer_output": _STR, "scale": _STR, "bias": _STR, "moving_mean": _STR,
+                    "moving_variance": _STR, "epsilon": _NUM, "momentum": _NUM, "gemm_beta": _OPT_NUM,
+                    "bias_add": (dict, type(None))}
+_BIAS_ADD_KEYS = {"name": _STR, "inputs": (list,), "output": _STR}
+
+
+def _check_fields(entry, keys: dict, where: str) -> None:
+    if not isinstance(entry, dict):
+        raise QtoolError(f"the 'qtool.training' contract is garbled: {where} is not an object")
+    for key, types in keys.items():
+        if key not in entry:
+            raise QtoolError(f"the 'qtool.training' contract is garbled: {where} has no '{key}'")
+        value = entry[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise QtoolError(f"the 'qtool.training' contract is garbled: '{key}' of {where} is "
+                             f"{json.dumps(value)[:60]}")
+
+
+def _check_strings(items, where: str, empty_ok: bool = False) -> None:
+    for item in items:
+        if not isinstance(item, str) or (not item and not empty_ok):
+            raise QtoolError(f"the 'qtool.training' contract is garbled: {where} holds {json.dumps(item)[:60]}")
+
+
+def check_contract(contract: dict, model: ir.Model | None = None) -> None:
+    """The contract has the documented layout and, with ``model``, every name it mentions is in it.
+
+    A forged or garbled contract is refused here, before any rewrite trusts it.
+    """
+    _check_fields(contract, _CONTRACT_KEYS, "the contract")
+    _check_strings(contract["state"].keys(), "'state'")
+    _check_strings(contract["state"].values(), "'state'")
+    _check_strings(contract["parameters"], "'parameters'")
+    for i, q in enumerate(contract["activation_quantizers"]):
+        _check_fields(q, _ACTIVATION_KEYS, f"activation quantizer {i}")
+    for i, q in enumerate(contract["weight_quantizers"]):
+        _check_fields(q, _WEIGHT_KEYS, f"weight quantizer {i}")
+        _check_strings(q["layers"], f"'layers' of weight quantizer {i}")
+    for i, b in enumerate(contract["batch_norms"]):
+        _check_fields(b, _BATCH_NORM_KEYS, f"batch norm {i}")
+        _check_strings(b["layer_inputs"], f"'layer_inputs' of batch norm {i}", empty_ok=True)
+        for key in ("epsilon", "momentum", "gemm_beta"):
+            if b[key] is not None and not (np.isfinite(b[key]) and (b[key] >= 0 or key == "gemm_beta")):
+                raise QtoolError(f"the 'qtool.training' contract is garbled: '{key}' of batch norm {i} is {b[key]}")
+        if b["bias_add"] is not None:
+            _check_fields(b["bias_add"], _BIAS_ADD_KEYS, f"the bias Add of batch norm {i}")
+            _check_strings(b["bias_add"]["inputs"], f"the bias Add inputs of batch norm {i}", empty_ok=True)
+    if model is not None:
+        _check_contract_names(contract, model.graph)
+
+
+def _check_contract_names(contract: dict, graph: ir.Graph) -> None:
+    values = values_by_name(graph)
+    outputs = {v.name for v in graph.outputs}
+    inputs = {v.name for v in graph.inputs}
+    nodes = {n.name for n in graph if n.name}
+
+    def missing(what: str, name: str) -> QtoolError:
+        return QtoolError(f"the 'qtool.training' contract names {what} '{name}', which is not in the graph "
+                          "(forged or garbled metadata)")
+
+    def need_value(name: str, what: str = "tensor") -> None:
+        if name not in values:
+            raise missing(what, name)
+
+    if contract["step_input"] not in inputs:
+        raise missing("the step input", contract["step_input"])
+    for state, updated in contract["state"].items():
+        if state not in graph.initializers:
+            raise missing("the state initializer", state)
+        if updated not in outputs:
+            raise missing("the state output", updated)
+    for name in contract["parameters"]:
+        if name not in graph.initializers:
+            raise missing("the parameter", name)
+    for q in contract["activation_quantizers"]:
+        need_value(q["input"])
+        need_value(q["output"])
+        for key in ("min", "max"):
+            init = graph.initializers.get(q[key])
+            if init is None or init.const_value is None:
+                raise missing(f"the range state ({key})", q[key])
+            if init.const_value.size != 1 or init.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+                raise QtoolError(f"the 'qtool.training' contract names '{q[key]}' as a range, but it is not a "
+                                 "float scalar")
+            if not np.isfinite(init.const_value.numpy()).all():
+                raise QtoolError(f"the trained range '{q[key]}' of quantizer '{q['quantizer']}' is not finite")
+    for q in contract["weight_quantizers"]:
+        need_value(q["input"])
+        need_value(q["output"])
+        for layer in q["layers"]:
+            if layer not in nodes:
+                raise missing("the layer", layer)
+    for b in contract["batch_norms"]:
+        if b["layer"] not in nodes:
+            raise missing("the layer", b["layer"])
+        for name in b["layer_inputs"]:
+            if name:
+                need_value(name)
+        for key in ("scale", "bias", "moving_mean", "moving_variance", "output"):
+            need_value(b[key])
+        if b["bias_add"] is not None:
+            for name in b["bias_add"]["inputs"]:
+                if name and name != b["layer_output"]:
+                    need_value(name)
 
 
 def foreign_training_state(model: ir.Model) -> str | None:
@@ -338,8 +456,12 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
                          "not a graph qtool wrote, or its metadata was removed")
     try:
         contract = training_contract(model)
-        return _strip(model, contract)
+        state = _strip(model, contract)
+        check_finite_parameters(model.graph, label)  # the trained statistics and weights
+        return state
     except QtoolError as exc:
+        if str(exc).startswith(f"'{label}'"):
+            raise
         raise QtoolError(f"'{label}': {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise QtoolError(f"'{label}' is a qtool training graph whose contract does not match its graph ({exc!r})") from exc

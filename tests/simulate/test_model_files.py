@@ -37,7 +37,7 @@ def external(tmp_path_factory):
 def test_external_data_from_another_folder(external, monkeypatch):
     models, elsewhere = external
     assert (models / "float.onnx.data").stat().st_size > 10_000
-    assert os.path.exists(models / "q8.onnx.data")  # rewrite-eval keeps external data external
+    assert any(f.startswith("q8.onnx.qt-") for f in os.listdir(models))  # rewrite-eval keeps external data external
     monkeypatch.chdir(elsewhere)  # relative external data paths must not resolve against the working folder
     what_if = simulate(models / "float.onnx", EVAL, SimulateConfig(labels="labels", calibration_data=CALIB, sensitivity=True)).report
     given = simulate(models / "float.onnx", EVAL, SimulateConfig(labels="labels", quantized=[models / "q8.onnx"], sensitivity=True)).report
