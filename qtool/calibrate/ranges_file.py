@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qtool.errors import QtoolError
-from qtool.model.io import RANGES_TMP_PREFIX, clean_stale
+from qtool.model.io import write_text
 
 FORMAT = "qtool.ranges"
 VERSION = 1
@@ -61,43 +61,7 @@ def ranges_document(ranges: Mapping, *, model=None, method: str, options: dict |
 
 def save_ranges(path, document: dict) -> str:
     """Write ``document`` to ``path`` atomically (temporary file in the folder, then rename)."""
-    import tempfile
-
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
-    if os.path.isdir(path):
-        raise QtoolError(f"cannot write '{path}': it is a folder")
-    clean_stale(folder)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
-    except OSError as exc:
-        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(document, f, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        _remove_quietly(tmp)
-        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    return write_text(path, json.dumps(document, indent=1, allow_nan=False) + "\n")
 
 
 def _number(v, where: str) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -234,42 +233,6 @@ def calibration_config(params: dict):
     """``CalibrationConfig`` from the parsed ``calibration_options`` and ``--batch-size`` (popped)."""
     return CalibrationConfig(params.pop("calibration_method"), params.pop("batch_size"),
                              params.pop("percentile"), params.pop("num_bins"), params.pop("ema_decay"))
-
-
-def print_result(result, json_out: str | None, verbose: bool = False) -> None:
-    """Warnings on stderr, then the summary: text, JSON on stdout (``--json``), or the text and a JSON
-    file (``--json FILE``). Notes (the same advice each run) are shown with ``--verbose`` only."""
-    summary = result.to_dict()
-    for warning in summary.get("warnings", []):
-        click.echo(f"qtool: warning: {warning}", err=True)
-    if json_out == "-":
-        click.echo(json.dumps(summary, indent=2, default=str))
-        return
-    if json_out is not None:
-        write_json(json_out, summary)
-    text = result.format_text()
-    if not verbose:
-        text = "\n".join(line for line in text.splitlines() if not line.startswith("  note: "))
-        if summary.get("notes"):
-            text += f"\n  ({len(summary['notes'])} note(s): --verbose shows them)"
-    click.echo(text)
-
-
-def write_json(path: str, document: dict) -> None:
-    """A JSON document written atomically (a temporary file in the folder, then a rename)."""
-    import os
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".qtool-json-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(document, f, indent=2, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Also the notes (the same advice every run).")

@@ -18,8 +18,8 @@ from qtool.cli._common import (
     json_option,
     quant_config,
     quantization_options,
-    write_json,
 )
+from qtool.cli._output import write_json
 from qtool.cli._progress import StageProgress
 
 

@@ -9,7 +9,8 @@ import click
 
 from qtool import api
 from qtool.model.io import check_side_output, model_files
-from qtool.cli._common import json_option, output_option, write_json
+from qtool.cli._common import json_option, output_option
+from qtool.cli._output import write_json
 from qtool.finetune.config import FinetuneConfig
 
 @click.command("finetune")

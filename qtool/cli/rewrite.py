@@ -18,11 +18,11 @@ from qtool.cli._common import (
     in_place_option,
     json_option,
     output_option,
-    print_result,
     quant_config,
     quantization_options,
     verbose_option,
 )
+from qtool.cli._output import print_result
 from qtool.cli._progress import StageProgress
 from qtool.config import TrainSchedule
 

@@ -279,11 +279,11 @@ def save_model(model: ir.Model, output: str | os.PathLike, *, external_data: boo
         if data_name is not None:
             # a new name: no reader of the current target ever sees this file change
             os.replace(os.path.join(tmpdir, data_name), os.path.join(folder, data_name))
-            _fsync_folder(folder)
+            _fsync(folder)
             _step("data moved")
         os.replace(tmp_model, output)  # the commit
         committed = True
-        _fsync_folder(folder)
+        _fsync(folder)
         _step("committed")
         for old in previous or ():
             if old != data_name and _ours(name, old):
@@ -399,6 +399,38 @@ def clean_stale(folder: str, name: str | None = None) -> list[str]:
     return removed
 
 
+def write_text(path, text: str) -> str:
+    """Write a text file (a ranges file, a JSON summary, a report) atomically: a temporary file in the
+    target folder (with the writer's pid, so a killed run's leftover is cleaned), flushed, renamed."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
+    if os.path.isdir(path):
+        raise QtoolError(f"cannot write '{path}': it is a folder")
+    clean_stale(folder)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{RANGES_TMP_PREFIX}{os.getpid()}-", suffix=".tmp")
+    except OSError as exc:
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; these are ordinary files
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise QtoolError(f"cannot write '{path}': {exc.strerror or exc}") from exc
+    except BaseException:
+        _remove(tmp)
+        raise
+    return path
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
@@ -456,19 +488,6 @@ def external_locations(proto: onnx.ModelProto) -> set[str]:
     return locations
 
 
-def _fsync_folder(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _drop_initializer_value_info(model: ir.Model) -> None:
     """onnx_ir writes a value_info for every typed initializer; the tensor already says it all.
 
@@ -482,6 +501,7 @@ def _drop_initializer_value_info(model: ir.Model) -> None:
 
 
 def _fsync(path: str) -> None:
+    """Flush a file, or a folder's entries (a rename is durable once its folder is flushed)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 
-from qtool.errors import QtoolError
+from qtool.model.io import write_text
 
 
 def json_safe(value):
@@ -30,25 +28,8 @@ def json_safe(value):
 
 
 def atomic_write(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise QtoolError(f"cannot write '{path}': folder '{folder}' does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".qtool-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``text`` to ``path`` atomically (the model floor's writer)."""
+    write_text(path, text)
 
 
 def write_json(report: dict, path) -> None:
