@@ -121,8 +121,8 @@ def _advise(name: str, f: dict, model_sqnr: float) -> LayerAdvice:
         return LayerAdvice(name, f["op"], evidence, "16 bits",
                            f"its {worst[1]} lose the most; give them 16 bits (or keep the layer in float)")
     return LayerAdvice(name, f["op"], evidence, "fine-tune",
-                       "its error is small and spread out; quantization-aware fine-tuning (rewrite-train) "
-                       "recovers this kind of loss")
+                       "its error is small and spread out; quantization-aware fine-tuning (rewrite-train, then "
+                       "qtool finetune) recovers this kind of loss")
 
 
 def costly_layers(model: dict, count: int = 3) -> list[LayerAdvice]:
