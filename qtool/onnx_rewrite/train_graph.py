@@ -190,7 +190,7 @@ class TrainEncoder:
         lo0, hi0 = _widen_numpy(*point.initial, cfg.activation_bits, cfg.symmetric)
         min_state = ops.state(f"{base}/min", lo0)
         max_state = ops.state(f"{base}/max", hi0)
-        values = [point.value] + [v for v in point.batch_values if v is not point.value]
+        values = point.batch_values or [point.value]  # a group: its members (the Concat inputs)
         lows = [ops.reduce("ReduceMin", v, None, False, f"{base}/BatchMin") for v in values]
         highs = [ops.reduce("ReduceMax", v, None, False, f"{base}/BatchMax") for v in values]
         batch_lo = lows[0] if len(lows) == 1 else ops.op("Min", lows, f"{base}/GroupMin")
@@ -204,6 +204,11 @@ class TrainEncoder:
                                                    f"{base}/AssignMaxEma/update_delta")], f"{base}/AssignMaxEma")
         self.updates[min_state.name] = new_min
         self.updates[max_state.name] = new_max
+        if point.batch_values:
+            # a group (a Concat's inputs and output) quantizes with the range it had before this batch:
+            # its members read each other's quantized values (a residual Add inside a C2f block reads a
+            # Slice of another member), so the range updated from this batch would be a cycle
+            return min_state, max_state, min_state.name, max_state.name, [float(lo0), float(hi0)]
         return new_min, new_max, min_state.name, max_state.name, [float(lo0), float(hi0)]
 
     # --- state outputs -----------------------------------------------------------------------------

@@ -205,11 +205,18 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
             shares = key = f"group:{point.group}"
         else:
             shares, key = None, real(point)
-        batch = [values[real(m)] for m in plan_groups.get(point.group, []) if real(m) in values]
+        # a group's range is the union of its Concat inputs' batch ranges; a Concat's output adds nothing
+        # (its values are its inputs') and it reads the fake-quantized inputs: a cycle if it were used
+        batch = [values[real(m)] for m in plan_groups.get(point.group, [])
+                 if real(m) in values and not _concat_output(m)]
         encoder.encode_activation(tg.TrainActivationPoint(
             point.name, value, point.kind, point.rule, (lo, hi), "fixed" if point.fixed_range else
             ("calibration" if source == "calibration" else "default") if point.source is None else "carried",
             shares, key, batch))
+
+
+def _concat_output(point) -> bool:
+    return point.producer is not None and point.producer.domain == "" and point.producer.op_type == "Concat"
 
 
 def _parameters_as_inputs(graph: ir.Graph, params: set[str]) -> list[str]:

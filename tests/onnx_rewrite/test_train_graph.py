@@ -435,3 +435,31 @@ def test_folded_output_read_by_a_folded_layer_and_a_residual_add_round_trips(tmp
     (out,) = run(model, feeds)
     (ref,) = run(b.proto([y]), feeds)
     assert np.max(np.abs(out - ref)) < 0.1 * np.max(np.abs(ref))
+
+
+def test_concat_group_whose_members_read_each_other_trains_without_a_cycle(tmp_path):
+    """A C2f-style block (YOLO): a Conv output split in halves, a residual Add on one half, and a
+    Concat of the halves and the Add: the Concat's inputs share one range, and some of them are
+    computed from the others' quantized values. The training graph must stay acyclic and run."""
+    b = Builder(opset=17)
+    x = b.input("x", ["N", 4, 8, 8])
+    y = b.node("Relu", [b.conv(x, 4, 8, name="cv1")])
+    halves = b.node("Split", [y, b.const(np.array([4, 4], np.int64))], axis=1, outputs=["h0", "h1"])
+    h1 = "h1"
+    inner = b.node("Relu", [b.conv(h1, 4, 4, name="m")])
+    res = b.node("Add", [h1, inner], name="res")
+    out = b.conv(b.node("Concat", [halves, h1, res], axis=1, name="cat"), 12, 4, k=1, name="cv2")
+    proto = b.proto([out])
+    feeds = {"x": x_data(8, 4, 8, 8)}
+    train = tmp_path / "train.onnx"
+    result = rewrite_train(proto, train, calibration_data=feeds, schedule=TrainSchedule(freeze_bn_delay=0))
+    kinds = {a["tensor"]: a["kind"] for a in result.summary["activations"]}
+    assert res in kinds and "h0" in kinds  # the Concat group: its inputs share one range
+    model = onnx.load(str(train))
+    onnx.checker.check_model(model)
+    contract = json.loads({p.key: p.value for p in model.metadata_props}["qtool.training"])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(None, {"x": feeds["x"], contract["step_input"]: np.array(3, np.int64)})
+    assert np.all(np.isfinite(outs[0]))
+    deployed = rewrite_eval(str(train), str(tmp_path / "deploy.onnx"))
+    assert deployed.summary["counts"]["layers_quantized"] == 3
