@@ -53,9 +53,11 @@ class QtoolGroup(click.Group):
             if isinstance(exc, QtoolError):
                 click.echo(f"qtool: error: {exc}", err=True)
                 sys.exit(2)
-            if isinstance(exc, (ValueError, OSError)):
+            if isinstance(exc, OSError):  # the machine's trouble (disk full, permissions), not a bug
                 click.echo(f"qtool: error: {exc}", err=True)
                 sys.exit(2)
+            # anything else is a bug, not a user mistake: say so (a ValueError shown as "error: ..." hid
+            # a cyclic training graph); the library maps every user mistake to a QtoolError at its source
             click.echo(
                 f"qtool: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
                 err=True,
