@@ -106,7 +106,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     observed, ranges_from = None, None
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
-        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, quant, progress)
+        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress)
         found = observed.ranges
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
