@@ -17,7 +17,7 @@ import onnxruntime as ort
 from qtool.errors import QtoolError
 from qtool.model.io import light_proto
 
-_NUMPY_TYPES = {
+NUMPY_TYPES = {
     ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
     ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
     ir.DataType.UINT64, ir.DataType.BOOL,
@@ -97,7 +97,7 @@ def tapped_session(model: ir.Model, taps: list[ir.Value], *, options: ort.Sessio
             typed.append(v)
     graph.outputs.extend(added)
     try:
-        proto, saved = light_proto(model, movable=lambda t: t.dtype in _NUMPY_TYPES)
+        proto, saved = light_proto(model, movable=lambda t: t.dtype in NUMPY_TYPES)
         outputs = [v.name for v in graph.outputs]
     finally:
         for _ in added:

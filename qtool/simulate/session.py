@@ -23,12 +23,8 @@ import onnxruntime as ort
 
 from qtool.errors import QtoolError
 from qtool.model.io import light_proto
+from qtool.model.session import NUMPY_TYPES, contiguous
 
-_NUMPY_TYPES = {
-    ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
-    ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32, ir.DataType.UINT32, ir.DataType.INT64,
-    ir.DataType.UINT64, ir.DataType.BOOL,
-}
 
 
 def _options() -> ort.SessionOptions:
@@ -77,7 +73,7 @@ def open_model(model: ir.Model, what: str, extra: list[ir.Value] = (), dtypes: d
     count = len(graph.outputs)
     graph.outputs.extend(added)
     try:
-        proto, saved = light_proto(model, movable=lambda t: t.dtype in _NUMPY_TYPES)
+        proto, saved = light_proto(model, movable=lambda t: t.dtype in NUMPY_TYPES)
     finally:
         while len(graph.outputs) > count:
             graph.outputs.pop()
@@ -87,7 +83,7 @@ def open_model(model: ir.Model, what: str, extra: list[ir.Value] = (), dtypes: d
     # onnxruntime drops initializers no node reads before it takes these: give it only the used ones
     used = {name for name, v in graph.initializers.items() if v.uses() or v.is_graph_output()}
     names = [name for name in saved if name in used]
-    arrays = [_contiguous(saved[name].numpy()) for name in names]
+    arrays = [contiguous(saved[name].numpy()) for name in names]
     values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
     if names:
         options.add_external_initializers(names, values)
@@ -97,11 +93,6 @@ def open_model(model: ir.Model, what: str, extra: list[ir.Value] = (), dtypes: d
 def open_file(path: str, what: str) -> OpenSession:
     """A session of the model file itself: what a user gets (external data next to the file)."""
     return OpenSession(_create(os.fspath(path), _options(), what))
-
-
-def _contiguous(array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -7,30 +7,13 @@ import copy
 import numpy as np
 import onnx
 import pytest
+from fuzz_cases import with_initializers
 from model_files import SAMPLE_CALIB, SAMPLE_MODEL
 from onnx import helper, numpy_helper
 
 from qtool.api import rewrite_eval, rewrite_train
 from qtool.errors import QtoolError
 from qtool.model.io import load_model
-
-
-def with_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The sample model with its Constant nodes as initializers and every node named."""
-    m = copy.deepcopy(proto)
-    keep = []
-    for node in m.graph.node:
-        if node.op_type == "Constant":
-            tensor = copy.deepcopy(node.attribute[0].t)
-            tensor.name = node.output[0]
-            m.graph.initializer.append(tensor)
-        else:
-            keep.append(node)
-    del m.graph.node[:]
-    m.graph.node.extend(keep)
-    for i, node in enumerate(m.graph.node):
-        node.name = f"{node.op_type}_{i}"
-    return m
 
 
 BASE = with_initializers(onnx.load(SAMPLE_MODEL))
