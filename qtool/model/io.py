@@ -220,9 +220,18 @@ def check_output_path(output: str | os.PathLike) -> str:
         raise QtoolError(f"output folder '{os.path.dirname(output) or folder}' does not exist")
     if os.path.isdir(output):
         raise QtoolError(f"output path '{output}' is a folder, not a file")
-    if not os.access(folder, os.W_OK):
-        raise QtoolError(f"cannot write to output folder '{folder}': permission denied")
+    _check_writable(folder)
     return os.path.abspath(output)
+
+
+def _check_writable(folder: str) -> None:
+    """Create and remove a probe file: ``os.access`` says yes to root on any folder."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".qtool-probe-", dir=folder)
+    except OSError as exc:
+        raise QtoolError(f"cannot write to output folder '{folder}': {exc.strerror or exc}") from exc
+    os.close(fd)
+    os.unlink(probe)
 
 
 def clamp_ir_version(model: ir.Model) -> None:
