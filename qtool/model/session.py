@@ -86,32 +86,47 @@ def session_options(*, optimize: bool = True) -> ort.SessionOptions:
 
 
 def tapped_session(model: ir.Model, taps: list[ir.Value], *, options: ort.SessionOptions | None = None,
-                   what: str = "the model") -> TappedSession:
-    """A session computing the model's outputs followed by ``taps`` (intermediate tensors)."""
+                   what: str = "the model", dtypes: dict[str, ir.DataType] | None = None) -> TappedSession:
+    """A session computing the model's outputs followed by ``taps`` (intermediate tensors).
+
+    ``dtypes``: element types of taps the model does not type (default
+    float). The model is left as it was (the taps are graph outputs only in
+    the proto).
+    """
     graph = model.graph
     added = [v for v in taps if not v.is_graph_output()]
-    typed = []
-    for v in added:
-        if v.type is None:
-            v.type = ir.TensorType(ir.DataType.FLOAT)
-            typed.append(v)
+    typed = [v for v in added if v.type is None]
+    for v in typed:
+        v.type = ir.TensorType(v.dtype or (dtypes or {}).get(v.name) or ir.DataType.FLOAT)
+    count = len(graph.outputs)
     graph.outputs.extend(added)
     try:
         proto, saved = light_proto(model, movable=lambda t: t.dtype in NUMPY_TYPES)
         outputs = [v.name for v in graph.outputs]
     finally:
-        for _ in added:
+        while len(graph.outputs) > count:
             graph.outputs.pop()
         for v in typed:
             v.type = None
     options = options or session_options()
-    names = list(saved)
+    # onnxruntime drops the initializers no node reads before it takes these: give it the used ones only
+    used = {name for name, v in graph.initializers.items() if v.uses() or v.is_graph_output()}
+    names = [name for name in saved if name in used]
     arrays = [contiguous(saved[name].numpy()) for name in names]
     values = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
     if names:
         options.add_external_initializers(names, values)
+    return TappedSession(_create(proto.SerializeToString(), options, what), outputs, (arrays, values))
+
+
+def file_session(path: str, *, options: ort.SessionOptions | None = None, what: str = "the model") -> TappedSession:
+    """A session of the model file itself, as a user opens it (external data next to the file)."""
+    session = _create(path, options or session_options(), what)
+    return TappedSession(session, [o.name for o in session.get_outputs()])
+
+
+def _create(source, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
     try:
-        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise QtoolError(f"onnxruntime cannot run {what}: {first_line(exc)}") from exc
-    return TappedSession(session, outputs, (arrays, values))

@@ -267,3 +267,22 @@ def test_library_api_paths_and_conflicts(tmp_path):
     with pytest.raises(QtoolError, match="weight bits must be between 2 and 16"):
         rewrite_eval(str(src), str(tmp_path / "o.onnx"), quant=QuantConfig(weight_bits=17))
     assert sorted(os.listdir(tmp_path)) == ["m.onnx"]
+
+
+def test_a_large_unused_initializer_does_not_stop_calibration_or_simulation(tmp_path):
+    """Exporters leave unused tensors behind (a dropped head, a training-only buffer); onnxruntime
+    removes them before it takes the weights qtool hands over, and then refused the hand-over."""
+    from onnx import numpy_helper
+
+    from qtool.api import simulate
+    from qtool.simulate.config import SimulateConfig
+
+    proto, feeds = small_model()
+    proto.graph.initializer.append(numpy_helper.from_array(x_data(64, 1000), "unused_head"))
+    src = tmp_path / "unused.onnx"
+    onnx.save(proto, src)
+    out = tmp_path / "unused.qdq.onnx"
+    result = rewrite_eval(str(src), str(out), calibration_data=feeds)
+    assert result.summary["counts"]["layers_quantized"] == 2
+    report = simulate(str(src), feeds, SimulateConfig(quantized=str(out)))
+    assert report.to_dict()
