@@ -240,6 +240,12 @@ class EvalEncoder:
             if producer is None or producer.domain != "" or producer.op_type != DEQUANTIZE:
                 self.result.left_in_float.append(LeftInFloat(
                     layer.name, layer.op_type, f"runs in float: its input '{x.name}' is not quantized"))
+            elif layer.op_type == "ConvTranspose":
+                # onnxruntime (1.32, CPU provider) fuses no DequantizeLinear -> ConvTranspose -> QuantizeLinear
+                # group, per-tensor or per-channel, with or without bias: measured, benchmarks/zoo/FINDINGS.md
+                self.result.left_in_float.append(LeftInFloat(
+                    layer.name, layer.op_type, "runs in float: onnxruntime's CPU provider has no integer "
+                    "ConvTranspose kernel (the int8 weight is dequantized at run time)"))
 
     def _weight_exists(self, layer: ir.Node) -> bool:
         w = layer.inputs[1] if len(layer.inputs) > 1 else None

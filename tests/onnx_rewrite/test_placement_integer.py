@@ -164,3 +164,18 @@ def test_what_stays_float_is_reported_with_its_reason(tmp_path):
     assert "no integer kernel for LayerNormalization" in reasons["ln"]
     assert "no integer kernel for Erf" in reasons["erf"]
     assert not [x for x in result.summary["left_in_float"] if x["op"] in ("MatMul", "Conv", "Gemm")]
+
+
+def test_conv_transpose_is_reported_as_float(tmp_path):
+    """onnxruntime's CPU provider has no integer ConvTranspose: its weight is quantized (int8 on
+    disk), but the report must not count it among the layers that run in integers."""
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    up = b.node("Relu", [b.bn(b.conv_transpose(x, 8, 8), 8)])
+    y = conv_bn(b, up, 8, 4)
+    quantized, result = quantize(b.proto([y]), feeds)
+    ops = optimized_ops(quantized, tmp_path)
+    assert ops["ConvTranspose"] == 1 and ops["QLinearConv"] == 1  # what onnxruntime does with it
+    left = result.summary["left_in_float"]
+    assert [x["op"] for x in left] == ["ConvTranspose"]
+    assert "no integer ConvTranspose kernel" in left[0]["reason"]
