@@ -848,6 +848,15 @@ def _tile(ctx, node, inputs):
     return [_result(_xp(x).tile(x, reps))]
 
 
+@op("Trilu")
+def _trilu(ctx, node, inputs):
+    """The upper (``upper=1``, default) or lower triangle of the last two axes, from diagonal ``k``."""
+    x = inputs[0]
+    k = int(_static(node, inputs[1], "diagonal k").reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0
+    xp = _xp(x)
+    return [_result(xp.triu(x, k) if int(node.attr("upper", 1)) else xp.tril(x, k))]
+
+
 @op("Cast")
 def _cast(ctx, node, inputs):
     x = inputs[0]

@@ -205,6 +205,10 @@ def test_data_movement():
     _check("Expand", {"x": _r(3, 1)}, {"s": np.asarray([2, 1, 4], np.int64)})
     _check("Tile", {"x": _r(2, 3)}, {"r": np.asarray([2, 1], np.int64)})
     _check("Pad", {"x": x}, {"p": np.asarray([0, 0, 1, 2, 0, 0, 2, 1], np.int64)}, {"mode": "reflect"})
+    # a causal mask (torch.triu in a decoder's export) on a batched input, both triangles, both signs of k
+    _check("Trilu", {"x": _r(2, 5, 5)}, {"k": np.asarray(1, np.int64)}, opset=14)
+    _check("Trilu", {"x": _r(2, 4, 6)}, {"k": np.asarray(-1, np.int64)}, {"upper": 0}, opset=14)
+    _check("Trilu", {"x": _r(4, 6)}, opset=14)
 
 
 @pytest.mark.parametrize("op_type, attrs, opset", [
