@@ -179,3 +179,41 @@ def test_conv_transpose_is_reported_as_float(tmp_path):
     left = result.summary["left_in_float"]
     assert [x["op"] for x in left] == ["ConvTranspose"]
     assert "no integer ConvTranspose kernel" in left[0]["reason"]
+
+
+def test_concat_of_a_relu_output_and_a_signed_tensor_keeps_the_relu_layer_integer(tmp_path):
+    """ShuffleNet-style: one Concat input ends in Conv -> Relu, the other can be negative (Conv -> BN).
+    Sharing the union range would start the Relu's quantizer below 0: onnxruntime would then keep
+    the Relu and run its Conv in float (FusedConv). The Relu output keeps its own range."""
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    relu = b.node("Relu", [conv_bn(b, x, 8, 8)])
+    signed = conv_bn(b, x, 8, 8)
+    cat = b.node("Concat", [relu, signed], axis=1)
+    y = b.conv(cat, 16, 4, k=1)
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConcat"])
+    assert ops["QLinearConv"] == 3
+    acts = {a["tensor"]: a for a in result.summary["activations"]}
+    assert acts[relu]["zero_point"] == 0 and acts[relu]["scale"] != acts[cat]["scale"]
+    sharing = [a for a in acts.values() if a["scale"] == acts[cat]["scale"] and a["tensor"] != cat]
+    assert [a["kind"] for a in sharing] == ["act_quant"]  # the signed input (renamed by the BN fold) shares it
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_concat_of_the_same_activation_shares_one_range(act, tmp_path):
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+
+    def branch():
+        y = conv_bn(b, x, 8, 8)
+        if act == "relu":
+            return b.node("Relu", [y])
+        return b.node("Clip", [y, b.const(np.float32(0)), b.const(np.float32(6))])
+
+    one, two = branch(), branch()
+    cat = b.node("Concat", [one, two], axis=1)
+    y = b.conv(cat, 16, 4, k=1)
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConcat"])
+    assert ops["QLinearConv"] == 3
+    acts = {a["tensor"]: a for a in result.summary["activations"]}
+    assert acts[one]["scale"] == acts[two]["scale"] == acts[cat]["scale"]

@@ -25,7 +25,9 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
     QLinearMul), except the additive attention mask path: nothing that feeds a
     Softmax is quantized, so ``-inf``/``-1e4`` masks are never clipped;
   - a Concat's inputs and output share one range, the union (QLinearConcat
-    with no requantization);
+    with no requantization), except an input right after a layer's Relu/Clip
+    when another input can be negative (it keeps its own range, so the
+    activation still fuses into the layer's integer kernel);
   - a Softmax output uses the fixed range [0, 1].
 - :class:`FloatOps` (last): every op left in float, with its reason, for the report.
 """
@@ -35,7 +37,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
-from qtool.model.constants import is_constant
+from qtool.model.constants import constant_array, is_constant
 from qtool.model.layers import is_layer
 from qtool.model.names import context_of
 from qtool.onnx_rewrite.placement.plan import ActivationPoint, LeftInFloat, PlacementRule, PlanContext
@@ -184,11 +186,48 @@ class IntegerOps(PlacementRule):
                                            x.producer(), group=group)
             if point is not None:
                 members.append(point.root())
+        members = _without_fused_activations(members)
         out = ctx.add_activation(node.outputs[0], "concat_quant", ctx_name, "Concat output (one range: the union)",
                                  node, group=group)
         if out is not None:
             members.append(out.root())
         _join(ctx, members, group)
+
+
+def _without_fused_activations(inputs: list[ActivationPoint]) -> list[ActivationPoint]:
+    """The Concat inputs that share the group's range.
+
+    A quantizer right after a layer's Relu/Clip lets onnxruntime drop the activation into the
+    layer's integer kernel only when its range starts at the activation's bound (zero point =
+    qmin). Shared with a member that can be negative, the union would start below 0: the Relu
+    would stay, and the layer with it would run in float (FusedConv). Such an input keeps its own
+    range (QLinearConcat requantizes it); when every input ends in a Relu the union starts at 0
+    and all share it.
+    """
+    if not any(m.after_activation for m in inputs):
+        return inputs
+    bounds = {_activation_bounds(m) for m in inputs}
+    if len(bounds) == 1 and None not in bounds:
+        return inputs  # all Relu, or all the same Clip: the union stays inside the activation's range
+    return [m for m in inputs if not m.after_activation]
+
+
+def _activation_bounds(point: ActivationPoint) -> tuple | None:
+    """(low, high) of the Relu/Clip that produces ``point``'s tensor, None for another producer."""
+    node = point.producer
+    if node is None or node.domain != "" or node.op_type not in ("Relu", "Clip"):
+        return None
+    if node.op_type == "Relu":
+        return (0.0, None)
+    if "min" in node.attributes or "max" in node.attributes:  # opset < 11
+        return (node.attributes.get_float("min", None), node.attributes.get_float("max", None))
+    bounds = []
+    for v in list(node.inputs[1:3]) + [None] * (3 - len(node.inputs)):
+        array = constant_array(v) if v is not None else None
+        if v is not None and array is None:
+            return None  # a bound computed at run time
+        bounds.append(None if array is None else float(array.reshape(-1)[0]))
+    return tuple(bounds)
 
 
 def _join(ctx: PlanContext, members: list[ActivationPoint], group: int) -> None:
