@@ -53,9 +53,9 @@ from qtool.config import QuantConfig
 from qtool.model.codec import (
     DEQUANTIZE,
     Storage,
-    dynamic_lstm_weight,
     activation_params,
     dequantize_node,
+    dynamic_lstm_weight,
     eight_bit_kernel_types,
     qdq_names,
     qdq_nodes,
@@ -245,8 +245,8 @@ class EvalEncoder:
             if source is not None:
                 remove_if_unused(self.graph, source.nodes, [source.root])
         self.graph.opset_imports.setdefault(DYNAMIC_LSTM_DOMAIN, 1)
-        entry = {"layer": lstm.name, "op": lstm.op_type, "node": node.name, "kernel": f"{DYNAMIC_LSTM_DOMAIN}.{DYNAMIC_LSTM}",
-                 "quantizer": base, "bits": cfg.weight_bits, "per_channel": point.per_channel,
+        entry = {"layer": lstm.name, "op": lstm.op_type, "node": node.name,
+                 "kernel": f"{DYNAMIC_LSTM_DOMAIN}.{DYNAMIC_LSTM}", "quantizer": base, "bits": cfg.weight_bits, "per_channel": point.per_channel,
                  "symmetric": point.symmetric, "channels": int(np.size(quantized["W"].scale)),
                  "dtype": quantized["W"].params.storage.dtype.name.lower()}
         if point.note:
