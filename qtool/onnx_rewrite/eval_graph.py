@@ -246,7 +246,8 @@ class EvalEncoder:
                 remove_if_unused(self.graph, source.nodes, [source.root])
         self.graph.opset_imports.setdefault(DYNAMIC_LSTM_DOMAIN, 1)
         entry = {"layer": lstm.name, "op": lstm.op_type, "node": node.name,
-                 "kernel": f"{DYNAMIC_LSTM_DOMAIN}.{DYNAMIC_LSTM}", "quantizer": base, "bits": cfg.weight_bits, "per_channel": point.per_channel,
+                 "kernel": f"{DYNAMIC_LSTM_DOMAIN}.{DYNAMIC_LSTM}", "quantizer": base, "bits": cfg.weight_bits,
+                 "per_channel": point.per_channel,
                  "symmetric": point.symmetric, "channels": int(np.size(quantized["W"].scale)),
                  "dtype": quantized["W"].params.storage.dtype.name.lower()}
         if point.note:
