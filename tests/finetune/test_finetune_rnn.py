@@ -3,8 +3,11 @@ directions, sequence_lens, initial states, peepholes, linear_before_reset, clip,
 batch-first layout against the sequence-first one (onnxruntime has no layout=1 kernel), clear errors
 for what it does not implement, and an LSTM training graph (weights fake-quantized) == onnxruntime."""
 
+from pathlib import Path
+
 import jax
 import numpy as np
+import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
@@ -116,3 +119,14 @@ def test_lstm_training_graph_matches_onnxruntime():
         np.testing.assert_allclose(got[output.name], want, atol=2e-6, rtol=0)
     plain = onnxruntime_run(model, feeds)[0]
     assert np.abs(got["Y"] - plain).max() > 1e-4  # the weights were quantized
+
+
+def test_torch_exported_tagger_matches_onnxruntime():
+    """torch's export of a 2-layer bidirectional LSTM and a GRU (linear_before_reset=1, initial states from
+    Shape/ConstantOfShape): the JAX forward equals onnxruntime's within float32 rounding."""
+    path = Path(__file__).resolve().parents[1] / "data" / "exported" / "torch_rnn_tagger.onnx"
+    x = np.load(path.with_suffix(".npz"))["x"]
+    model = onnx.load(path)
+    want = onnxruntime_run(model, {"x": x})[0]
+    got = jax_run(model, {"x": x})["logits"]
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)

@@ -5,6 +5,8 @@ The models are built with onnx.helper the way torch exports an ``nn.LSTM`` tagge
 ``[seq, batch, features]`` after a Transpose, a Linear head): a forward LSTM then a
 bidirectional one, the second reading ``sequence_lens`` and initial states."""
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -207,3 +209,19 @@ def test_training_graph_quantizes_lstm_weights_on_the_deployed_grid():
         scale = initializer(deployed, f"/rnn/{layer}/lstm_quant/{what}_scale")
         deq = np.transpose(stored.astype(np.float32) * scale[:, None, :], (0, 2, 1))
         np.testing.assert_array_equal(fake_quantized, deq)
+
+
+EXPORTED = Path(__file__).resolve().parents[1] / "data" / "exported" / "torch_rnn_tagger.onnx"
+
+
+def test_torch_exported_tagger():
+    """torch's export (tests/data/exported/make_rnn.py): a 2-layer bidirectional LSTM (two ONNX LSTMs)
+    becomes two DynamicQuantizeLSTM; its GRU stays float with the reason; logits within 2% of float."""
+    x = np.load(EXPORTED.with_suffix(".npz"))["x"]
+    result = qtool.rewrite_eval(str(EXPORTED), calibration_data={"x": x})
+    quantized = ir.serde.serialize_model(result.model)
+    assert len(dynamic_nodes(quantized)) == 2
+    assert [x["op"] for x in result.summary["left_in_float"]] == ["GRU"]
+    ref = run(onnx.load(EXPORTED), {"x": x})[0]
+    got = run(quantized, {"x": x})[0]
+    assert 0 < np.abs(got - ref).max() < 0.02 * np.abs(ref).max()
