@@ -61,11 +61,11 @@ def main(argv=None) -> int:
             "ort dynamic": lambda p: quantize_dynamic_ort(model, p),
         }
         for i, (variant, make) in enumerate(makers.items()):
-            paths[variant] = os.path.join(tmp, f"{i}.onnx")
+            paths[variant] = os.path.join(tmp, f"{variant.replace(' ', '_')}.onnx")
             make(paths[variant])
         sessions = {}
-        for variant, path in paths.items():
-            opt = path + ".optimized.onnx"
+        for i, (variant, path) in enumerate(paths.items()):
+            opt = os.path.join(tmp, f"{i}.optimized.onnx")
             ort.InferenceSession(path, deploy.session_options(opt), providers=["CPUExecutionProvider"])
             ops = deploy.graph_ops(opt)
             sess = ort.InferenceSession(path, deploy.session_options(), providers=["CPUExecutionProvider"])
