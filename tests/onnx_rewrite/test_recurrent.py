@@ -225,3 +225,24 @@ def test_torch_exported_tagger():
     ref = run(onnx.load(EXPORTED), {"x": x})[0]
     got = run(quantized, {"x": x})[0]
     assert 0 < np.abs(got - ref).max() < 0.02 * np.abs(ref).max()
+
+
+def test_float_rnn_on_the_command_line(tmp_path):
+    """``qtool rewrite-eval --float-rnn`` keeps the LSTMs; the training graph records the option and
+    deploys with it."""
+    from click.testing import CliRunner
+
+    from qtool.cli import main
+
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=np.load(EXPORTED.with_suffix(".npz"))["x"])
+    out, train, deployed = tmp_path / "q.onnx", tmp_path / "train.onnx", tmp_path / "train.q.onnx"
+    for args in (["rewrite-eval", EXPORTED, "-o", out, "--float-rnn", "--data", data],
+                 ["rewrite-train", EXPORTED, "-o", train, "--float-rnn", "--data", data],
+                 ["rewrite-eval", train, "-o", deployed]):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+    assert "kept in float (--float-rnn)" in result.output
+    for path in (out, deployed):
+        ops = [n.op_type for n in onnx.load(path).graph.node]
+        assert ops.count("LSTM") == 2 and "DynamicQuantizeLSTM" not in ops
