@@ -132,13 +132,6 @@ class RecurrentPoint:
     def name(self) -> str:
         return f"{self.context}/lstm_quant"
 
-    def to_dict(self) -> dict:
-        d = {"layer": self.node.name, "op": self.node.op_type, "quantizer": self.name,
-             "per_channel": self.per_channel, "symmetric": self.symmetric}
-        if self.note:
-            d["note"] = self.note
-        return d
-
 
 @dataclass
 class LeftInFloat:
