@@ -43,6 +43,8 @@ class QuantConfig:
     # onnxruntime's integer kernels need to be fast (asymmetric per-channel weight zero points send
     # QLinearConv to a reference path: 10x slower than float on an EfficientNet, docs/rewrite-eval.md)
     symmetric_weights: bool = True
+    # LSTMs stay float (else onnxruntime's DynamicQuantizeLSTM runs them with int8 weights)
+    float_rnn: bool = False
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -52,6 +54,7 @@ class QuantConfig:
         object.__setattr__(self, "symmetric", bool(self.symmetric))
         object.__setattr__(self, "symmetric_weights", bool(self.symmetric_weights))
         object.__setattr__(self, "per_channel", bool(self.per_channel))
+        object.__setattr__(self, "float_rnn", bool(self.float_rnn))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
 
@@ -77,6 +80,7 @@ class QuantConfig:
             "per_channel": self.per_channel,
             "scope": self.scope,
             "exclude": sorted(self.exclude),
+            "float_rnn": self.float_rnn,
         }
 
 

@@ -96,6 +96,12 @@ per_channel_option = click.option(
     show_default=True,
     help="Weight ranges per output channel, or one per tensor.",
 )
+float_rnn_option = click.option(
+    "--float-rnn",
+    is_flag=True,
+    help="Keep LSTMs in float. By default an LSTM runs as onnxruntime's com.microsoft.DynamicQuantizeLSTM "
+    "(int8 weights quantized by qtool, activations quantized by the kernel at run time).",
+)
 scope_option = click.option(
     "--scope", default=None, metavar="PREFIX", help="Only rewrite nodes whose names start with PREFIX."
 )
@@ -219,7 +225,7 @@ def quantization_options(f):
     exclude = click.option("--exclude", multiple=True, metavar="NODE_NAME",
                            help="Keep this node in float (repeatable).")
     for option in reversed((weight_bits_option, activation_bits_option, symmetric_option, symmetric_weights_option,
-                            per_channel_option, scope_option, exclude)):
+                            per_channel_option, float_rnn_option, scope_option, exclude)):
         f = option(f)
     return f
 
@@ -228,7 +234,7 @@ def quant_config(params: dict):
     """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
                        params.pop("per_channel"), params.pop("scope"), params.pop("exclude"),
-                       params.pop("symmetric_weights"))
+                       params.pop("symmetric_weights"), params.pop("float_rnn"))
 
 
 def calibration_config(params: dict):

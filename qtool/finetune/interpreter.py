@@ -617,6 +617,156 @@ def _einsum(ctx, node, inputs):
     return [jnp.einsum(node.attr("equation"), *inputs, precision=HIGHEST)]
 
 
+# --- recurrent layers (LSTM, GRU, RNN) ----------------------------------------------------------------
+_RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_RNN_DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
+_RNN_ACTIVATIONS = {"Sigmoid": jax.nn.sigmoid, "Tanh": jnp.tanh, "Relu": lambda v: jnp.maximum(v, 0)}
+
+
+def _rnn_attrs(node: Node, num_directions: int) -> tuple[list, float | None]:
+    """The activation functions of each direction, and the cell clip; a clear error for what is not
+    implemented (activation_alpha/beta, other activation functions, LSTM input_forget)."""
+    kind = node.op_type
+    if node.attr("activation_alpha") or node.attr("activation_beta"):
+        raise QtoolError(f"node {node.label()}: activation_alpha/activation_beta are not supported by the "
+                         "JAX interpreter (activations: " + ", ".join(_RNN_ACTIVATIONS) + ")")
+    if kind == "LSTM" and int(node.attr("input_forget", 0)):
+        raise QtoolError(f"node {node.label()}: input_forget=1 is not supported by the JAX interpreter")
+    names = node.attr("activations") or list(_RNN_DEFAULT_ACTIVATIONS[kind]) * num_directions
+    per = len(_RNN_DEFAULT_ACTIVATIONS[kind])
+    if len(names) != per * num_directions:
+        raise QtoolError(f"node {node.label()}: {len(names)} activations for {num_directions} direction(s); "
+                         f"{kind} takes {per} per direction")
+    unknown = [n for n in names if n not in _RNN_ACTIVATIONS]
+    if unknown:
+        raise QtoolError(f"node {node.label()}: activation '{unknown[0]}' is not supported by the JAX interpreter "
+                         "(supported: " + ", ".join(_RNN_ACTIVATIONS) + ")")
+    acts = [[_RNN_ACTIVATIONS[n] for n in names[d * per:(d + 1) * per]] for d in range(num_directions)]
+    clip = node.attr("clip")
+    return acts, None if clip is None else float(clip)
+
+
+def _rnn_step(kind: str, acts: list, clip: float | None, r, rb_h, p, linear_before_reset: bool, hidden: int):
+    """One time step of one direction: ``(carry, (x_projected, mask)) -> (carry, y)``. ``x_projected``
+    holds ``X W^T`` plus the biases that add to it (all of them but GRU's ``Rb[h]``)."""
+    def clipped(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
+
+    def mm(a, b):
+        return jnp.matmul(a, b.T, precision=HIGHEST)
+
+    def step(carry, inputs):
+        xp, mask = inputs
+        h = carry[0]
+        if kind == "LSTM":
+            c = carry[1]
+            g = xp + mm(h, r)
+            i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            if p is not None:
+                i = i + p[:hidden] * c
+                f = f + p[2 * hidden:] * c
+            i, f, cc = acts[0](clipped(i)), acts[0](clipped(f)), acts[1](clipped(cc))
+            c_new = f * c + i * cc
+            if p is not None:
+                o = o + p[hidden:2 * hidden] * c_new
+            h_new = acts[0](clipped(o)) * acts[2](c_new)
+            c_new = jnp.where(mask, c_new, c)
+            h_new = jnp.where(mask, h_new, h)
+            return (h_new, c_new), jnp.where(mask, h_new, 0.0)
+        if kind == "GRU":
+            zr = xp[:, :2 * hidden] + mm(h, r[:2 * hidden])
+            z = acts[0](clipped(zr[:, :hidden]))
+            rr = acts[0](clipped(zr[:, hidden:]))
+            rh = r[2 * hidden:]
+            if linear_before_reset:
+                hh = xp[:, 2 * hidden:] + rr * (mm(h, rh) + rb_h)
+            else:
+                hh = xp[:, 2 * hidden:] + mm(rr * h, rh) + rb_h
+            hh = acts[1](clipped(hh))
+            h_new = jnp.where(mask, (1.0 - z) * hh + z * h, h)
+            return (h_new,), jnp.where(mask, h_new, 0.0)
+        h_new = jnp.where(mask, acts[0](clipped(xp + mm(h, r))), h)  # RNN
+        return (h_new,), jnp.where(mask, h_new, 0.0)
+
+    return step
+
+
+def _rnn(ctx, node, inputs):
+    """ONNX LSTM (gates iofc, peepholes iof), GRU (gates zrh, ``linear_before_reset``) and RNN: every
+    direction, both layouts, ``sequence_lens`` (outputs past a sequence's end are 0, the last states
+    are its last step's; ``reverse`` runs each sequence from its own end), initial states, ``clip``;
+    default activations (Sigmoid/Tanh), or Sigmoid/Tanh/Relu by name. The input projection
+    ``X W^T`` is one matmul over all steps; the recurrence is a ``lax.scan``."""
+    kind = node.op_type
+    gates = _RNN_GATES[kind]
+    padded = list(inputs) + [None] * (8 - len(inputs))
+    x, w, r, b, seq_lens, h0 = (padded[i] for i in range(6))
+    c0, p = (padded[6], padded[7]) if kind == "LSTM" else (None, None)
+    direction = node.attr("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise QtoolError(f"node {node.label()}: direction '{direction}' is not forward, reverse or bidirectional")
+    num_directions = 2 if direction == "bidirectional" else 1
+    acts, clip = _rnn_attrs(node, num_directions)
+    layout = int(node.attr("layout", 0))
+    x = jnp.asarray(x, jnp.float32)
+    if layout:
+        x = jnp.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else jnp.swapaxes(jnp.asarray(h0), 0, 1)
+        c0 = None if c0 is None else jnp.swapaxes(jnp.asarray(c0), 0, 1)
+    steps, batch = x.shape[0], x.shape[1]
+    hidden = int(node.attr("hidden_size", 0)) or int(np.shape(r)[-1])
+    if np.shape(w)[0] != num_directions or np.shape(w)[1] != gates * hidden:
+        raise QtoolError(f"node {node.label()}: W has shape {list(np.shape(w))}, expected "
+                         f"[{num_directions}, {gates * hidden}, input_size]")
+    t = jnp.arange(steps)[:, None]
+    if seq_lens is None:
+        mask = jnp.ones((steps, batch, 1), bool)
+        backward = jnp.broadcast_to(steps - 1 - t, (steps, batch))
+    else:
+        lens = jnp.asarray(seq_lens).astype(jnp.int32)[None, :]
+        mask = (t < lens)[..., None]
+        backward = jnp.where(t < lens, lens - 1 - t, t)  # reverses each sequence's own steps (an involution)
+    columns = jnp.arange(batch)[None, :]
+    ys, last_h, last_c = [], [], []
+    for d in range(num_directions):
+        reverse = direction == "reverse" or d == 1
+        xd = x[backward, columns] if reverse else x
+        wb = jnp.zeros(gates * hidden, jnp.float32) if b is None else jnp.asarray(b)[d, :gates * hidden]
+        rb = jnp.zeros(gates * hidden, jnp.float32) if b is None else jnp.asarray(b)[d, gates * hidden:]
+        xp = jnp.einsum("tbi,gi->tbg", xd, jnp.asarray(w)[d], precision=HIGHEST) + wb
+        rb_h = None
+        if kind == "GRU":  # Rb[h] sits inside the reset gate's product
+            xp = xp + jnp.concatenate([rb[:2 * hidden], jnp.zeros(hidden, jnp.float32)])
+            rb_h = rb[2 * hidden:]
+        else:
+            xp = xp + rb
+        h_init = jnp.zeros((batch, hidden), jnp.float32) if h0 is None else jnp.asarray(h0, jnp.float32)[d]
+        carry = (h_init,)
+        if kind == "LSTM":
+            carry += (jnp.zeros((batch, hidden), jnp.float32) if c0 is None else jnp.asarray(c0, jnp.float32)[d],)
+        pd = None if p is None else jnp.asarray(p)[d]
+        step = _rnn_step(kind, acts[d], clip, jnp.asarray(r)[d], rb_h, pd,
+                         bool(node.attr("linear_before_reset", 0)), hidden)
+        carry, y = lax.scan(step, carry, (xp, mask))
+        ys.append(y[backward, columns] if reverse else y)
+        last_h.append(carry[0])
+        if kind == "LSTM":
+            last_c.append(carry[1])
+    y = jnp.stack(ys, axis=1)  # [seq, num_directions, batch, hidden]
+    y_h = jnp.stack(last_h)
+    y_c = jnp.stack(last_c) if last_c else None
+    if layout:
+        y = jnp.transpose(y, (2, 0, 1, 3))
+        y_h = jnp.swapaxes(y_h, 0, 1)
+        y_c = None if y_c is None else jnp.swapaxes(y_c, 0, 1)
+    return [y, y_h, y_c] if kind == "LSTM" else [y, y_h]
+
+
+OPS[("", "LSTM")] = _rnn
+OPS[("", "GRU")] = _rnn
+OPS[("", "RNN")] = _rnn
+
+
 # --- pooling ------------------------------------------------------------------------------------------------
 def _pool_geometry(node: Node, x):
     n = x.ndim - 2

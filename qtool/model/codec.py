@@ -30,6 +30,7 @@ The rules below hold for every encoding:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,11 +149,11 @@ def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True)
     return QParams(scale, stored_zp, store, (np.asarray(lo), np.asarray(hi)), (nmin, nmax), degenerate)
 
 
-def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None):
+def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None, int4: bool = True):
     """Range, codes and parameters of a weight tensor (last-value range, narrow grid).
 
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
-    codes shifted into the signed container.
+    codes shifted into the signed container (``int4=False``: 4 bits in int8).
     """
     if axis is None:
         lo, hi = minmax(w)
@@ -160,9 +161,46 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
         lo, hi = minmax(w, axis=axis)
     lo, hi = widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
     codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis)
-    params = qparams(lo, hi, bits=bits, narrow=True, signed=True)
+    params = qparams(lo, hi, bits=bits, narrow=True, signed=True, int4=int4)
     stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())
     return stored, params
+
+
+@dataclass
+class DynamicLstmWeight:
+    """An LSTM weight as ``com.microsoft.DynamicQuantizeLSTM`` reads it."""
+
+    stored: np.ndarray  # int8 [num_directions, input_or_hidden_size, 4*hidden_size] (ONNX's W/R transposed)
+    scale: np.ndarray  # float32 [num_directions, 4*hidden_size] per channel, [num_directions] per tensor
+    zero_point: np.ndarray  # int8, the shape of ``scale``
+    params: QParams
+
+    def dequantized(self) -> np.ndarray:
+        """The values the kernel multiplies by, in ONNX's LSTM layout ``[num_directions, 4*hidden, K]``."""
+        q = self.stored.astype(np.float32)
+        zp, s = self.zero_point.astype(np.float32), self.scale
+        zp, s = (zp[:, None, :], s[:, None, :]) if s.ndim == 2 else (zp[:, None, None], s[:, None, None])
+        return np.ascontiguousarray(np.transpose((q - zp) * s, (0, 2, 1)))
+
+
+def dynamic_lstm_weight(w: np.ndarray, *, bits: int, symmetric: bool, per_channel: bool) -> DynamicLstmWeight:
+    """An ONNX LSTM weight ``W``/``R`` (``[num_directions, 4*hidden_size, K]``) quantized for
+    DynamicQuantizeLSTM with qtool's weight grid (narrow range, TF's nudging; ``bits`` <= 8 in an
+    int8 container). Per channel: one range per (direction, gate row), the kernel's
+    ``[num_directions, 4*hidden_size]`` scales (it needs zero points of 0 then: ``symmetric``);
+    per tensor: one range for the whole tensor, its scale repeated per direction."""
+    dirs, rows, k = w.shape
+    flat = np.ascontiguousarray(w.reshape(dirs * rows, k), dtype=np.float32)
+    stored, params = weight_params(flat, bits=bits, symmetric=symmetric, axis=0 if per_channel else None,
+                                   int4=False)
+    if per_channel:
+        scale = params.scale.reshape(dirs, rows)
+        zero_point = params.zero_point.reshape(dirs, rows)
+    else:
+        scale = np.full(dirs, params.scale.reshape(-1)[0], np.float32)
+        zero_point = np.full(dirs, params.zero_point.reshape(-1)[0], params.zero_point.dtype)
+    stored = np.ascontiguousarray(np.transpose(stored.reshape(dirs, rows, k), (0, 2, 1)))
+    return DynamicLstmWeight(stored, scale.astype(np.float32), zero_point, params)
 
 
 def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool) -> QParams:
@@ -292,19 +330,28 @@ QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMul
                  "QLinearSoftmax", "QAttention", "DynamicQuantizeLSTM", "MatMulNBits")
 # the pieces of the names qtool gives its quantizers (``conv1/weights_quant/DequantizeLinear`` ...)
 QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_quant/", "input_quant/",
-                         "bias_quant/", "_quant/")
+                         "bias_quant/", "lstm_quant/", "_quant/")
+
+
+_NUMBERED_QUANTIZER = re.compile(r"_quant_\d+/")  # a second quantizer of one context: ``carried_quant_1/``
+
+
+def _qtool_named(name: str) -> bool:
+    return any(mark in name for mark in QTOOL_QUANTIZER_MARKS) or bool(_NUMBERED_QUANTIZER.search(name))
 
 
 def foreign_quantization(graph: ir.Graph) -> str | None:
     """Why ``graph`` is already quantized by something other than qtool (None when it is float or
     quantized by qtool, whose rewrites are idempotent): QOperator ops, or Q/DQ nodes qtool did not name."""
-    qops = [n for n in graph.all_nodes() if n.op_type in QOPERATOR_OPS]
+    # a DynamicQuantizeLSTM qtool wrote (``<lstm name>/lstm_quant/DynamicQuantizeLSTM``) is its own
+    qops = [n for n in graph.all_nodes() if n.op_type in QOPERATOR_OPS
+            and not (n.op_type == "DynamicQuantizeLSTM" and "lstm_quant" in (n.name or ""))]
     if qops:
         kinds = sorted({n.op_type for n in qops})
         return (f"it is a quantized model in onnxruntime's QOperator format ({len(qops)} node(s): "
                 f"{', '.join(kinds[:4])}{' ...' if len(kinds) > 4 else ''})")
     qdq = [n for n in graph.all_nodes() if is_onnx(n, QUANTIZE, DEQUANTIZE)]
-    foreign = [n for n in qdq if not any(mark in (n.name or "") for mark in QTOOL_QUANTIZER_MARKS)]
+    foreign = [n for n in qdq if not _qtool_named(n.name or "")]
     if foreign:
         return (f"it already has {len(qdq)} QuantizeLinear/DequantizeLinear node(s) that qtool did not write "
                 f"(e.g. '{foreign[0].name or foreign[0].outputs[0].name}')")

@@ -32,6 +32,14 @@ beyond the rounding of an int32 bias:
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
 weights are rounded offline by the kernels, so only activations can differ,
 by one step on exact ties.
+
+**LSTMs** (``plan.recurrent``, placed by ``placement.integer.RecurrentLayers``) become
+onnxruntime's ``com.microsoft.DynamicQuantizeLSTM``: ``W``/``R`` quantized by the codec
+(``dynamic_lstm_weight``: the same weight grid as the layers', stored transposed to
+``[num_directions, K, 4*hidden_size]`` with scales ``[num_directions, 4*hidden_size]`` per
+channel), the bias, sequence lengths, initial states, peepholes and attributes passed through.
+The kernel quantizes its input and hidden state itself at run time (uint8, the range of each
+matrix it multiplies), so no Q/DQ pair is written around it.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from qtool.model.codec import (
     Storage,
     activation_params,
     dequantize_node,
+    dynamic_lstm_weight,
     eight_bit_kernel_types,
     qdq_names,
     qdq_nodes,
@@ -57,7 +66,8 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.graph import GraphView
 from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, WeightPoint
+from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
+from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
 
 _INT32 = np.iinfo(np.int32)
 
@@ -70,6 +80,7 @@ class EvalEncoding:
     activations: list[dict] = field(default_factory=list)
     propagated: list[dict] = field(default_factory=list)
     biases: list[dict] = field(default_factory=list)
+    recurrent: list[dict] = field(default_factory=list)  # LSTMs written as DynamicQuantizeLSTM
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -193,6 +204,57 @@ class EvalEncoder:
             self._order = {id(n): i for i, n in enumerate(self.graph)}
         return self._order.get(id(node), 0)
 
+    # --- LSTMs -----------------------------------------------------------------------------------
+    def encode_recurrent(self, point: RecurrentPoint) -> None:
+        """The LSTM becomes ``com.microsoft.DynamicQuantizeLSTM`` reading int8 ``W``/``R``."""
+        lstm, cfg = point.node, self.config
+        w, r = constant_array(lstm.inputs[1]), constant_array(lstm.inputs[2])
+        for what, array in (("W", w), ("R", r)):
+            if array is None or not np.all(np.isfinite(array)):
+                self.result.left_in_float.append(LeftInFloat(
+                    lstm.name, lstm.op_type, f"weights not quantized: {what} has inf or NaN values"))
+                return
+        quantized = {what: dynamic_lstm_weight(a, bits=cfg.weight_bits, symmetric=point.symmetric,
+                                               per_channel=point.per_channel) for what, a in (("W", w), ("R", r))}
+        values = [f"{what}_{part}" for what in "WR" for part in ("quantized", "scale", "zero_point")]
+        base = self.names.prefix(point.name, [DYNAMIC_LSTM], values)
+        extra = []
+        for what, q in quantized.items():
+            dtype = q.params.storage.dtype
+            extra.append((self.initializer(f"{base}/{what}_quantized", q.stored, dtype),
+                          self.initializer(f"{base}/{what}_scale", q.scale),
+                          self.initializer(f"{base}/{what}_zero_point", q.zero_point, dtype)))
+        (wq, ws, wz), (rq, rs, rz) = extra
+        passed = list(lstm.inputs[3:8]) + [None] * (8 - len(lstm.inputs[:8]))
+        attributes = [a for name, a in lstm.attributes.items() if name != "layout"]
+        if "hidden_size" not in lstm.attributes:
+            attributes.append(ir.AttrInt64("hidden_size", int(r.shape[2])))
+        node = ir.Node(DYNAMIC_LSTM_DOMAIN, DYNAMIC_LSTM, [lstm.inputs[0], wq, rq, *passed[:5], ws, wz, rs, rz],
+                       attributes, num_outputs=len(lstm.outputs), name=f"{base}/{DYNAMIC_LSTM}")
+        self.graph.insert_before(lstm, node)
+        for old, new in zip(lstm.outputs, node.outputs):
+            name, shape, vtype = old.name, old.shape, old.type
+            old.replace_all_uses_with(new, replace_graph_outputs=True)
+            old.name = None
+            new.name = name
+            if vtype is not None:
+                new.type, new.shape = vtype, shape
+        sources = [constant_source(v) for v in lstm.inputs[1:3]]
+        self.graph.remove(lstm, safe=True)
+        for source in sources:
+            if source is not None:
+                remove_if_unused(self.graph, source.nodes, [source.root])
+        self.graph.opset_imports.setdefault(DYNAMIC_LSTM_DOMAIN, 1)
+        entry = {"layer": lstm.name, "op": lstm.op_type, "node": node.name,
+                 "kernel": f"{DYNAMIC_LSTM_DOMAIN}.{DYNAMIC_LSTM}", "quantizer": base, "bits": cfg.weight_bits,
+                 "per_channel": point.per_channel,
+                 "symmetric": point.symmetric, "channels": int(np.size(quantized["W"].scale)),
+                 "dtype": quantized["W"].params.storage.dtype.name.lower()}
+        if point.note:
+            entry["note"] = point.note
+            self.result.notes.append(f"LSTM '{lstm.name}': {point.note}")
+        self.result.recurrent.append(entry)
+
     # --- activations -------------------------------------------------------------------------
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
@@ -274,6 +336,8 @@ class EvalEncoder:
             self.encode_activation(point, resolved[point.value.name])
         self.report_float_layers()
         self.quantize_biases()
+        for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
+            self.encode_recurrent(point)
         return self.result
 
 

@@ -77,6 +77,7 @@ class RewriteResult:
             "activations_quantized": len(e.activations),
             "propagated_input_quantizers": len(e.propagated),
             "biases_int32": len(e.biases),
+            "lstms_dynamic": len(e.recurrent),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -98,12 +99,13 @@ class RewriteResult:
             "activations": e.activations,
             "propagated_inputs": e.propagated,
             "biases": e.biases,
+            "recurrent": e.recurrent,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "changed": bool(p.folds.folded or e.weights or e.activations or e.propagated or e.biases
-                            or p.opset_in != opset_out),
+                            or e.recurrent or p.opset_in != opset_out),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "external_data": self.files.external_data,
@@ -145,6 +147,10 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
             "QuantizeLinear rounds activations half to even at run time; TensorFlow's FakeQuant rounds "
             "half up (exact ties differ by one step). Weights are rounded offline, exactly as TensorFlow."
         )
+    if encoding.recurrent:
+        notes.append("LSTMs run as onnxruntime's com.microsoft.DynamicQuantizeLSTM: int8 weights, and the kernel "
+                     "quantizes its input and hidden state at run time (per matrix, uint8), outside the "
+                     "calibrated ranges; --float-rnn keeps them float.")
     if prepared.config.per_channel and any(w["op"] == "ConvTranspose" for w in encoding.weights):
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)
@@ -174,6 +180,9 @@ def format_summary(s: dict) -> str:
     )
     lines.append(f"  activations quantized  {c['activations_quantized']}  ({o['activation_bits']}-bit, "
                  f"{_ranges_source(s)})")
+    if c.get("lstms_dynamic"):
+        lines.append(f"  LSTMs                  {c['lstms_dynamic']}  (DynamicQuantizeLSTM: {o['weight_bits']}-bit "
+                     "weights, activations quantized at run time)")
     extra = []
     if c["propagated_input_quantizers"]:
         extra.append(_plural(c["propagated_input_quantizers"], "quantizer") + " carried through shape ops")

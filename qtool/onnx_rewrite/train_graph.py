@@ -150,6 +150,32 @@ class TrainEncoder:
             "bits": cfg.weight_bits,
         })
 
+    def encode_recurrent(self, name: str, layer: ir.Node, per_channel: bool, symmetric: bool) -> None:
+        """An LSTM's ``W`` and ``R`` fake-quantized on the grid ``DynamicQuantizeLSTM`` is given in the
+        eval graph (``codec.dynamic_lstm_weight``): ranges per (direction, gate row), ``[D, 4H, 1]``,
+        or one per tensor. The kernel's run-time quantization of the input and hidden state is not
+        modelled (its ranges are each matrix's own, known only at run time)."""
+        cfg, ops = self.config, self.ops
+        for index, what in ((1, "W"), (2, "R")):
+            weight = layer.inputs[index]
+            base = ops.names.prefix(f"{name}/{what}")
+            axes = [2] if per_channel else None
+            lo = ops.reduce("ReduceMin", weight, axes, per_channel, f"{base}/BatchMin")
+            hi = ops.reduce("ReduceMax", weight, axes, per_channel, f"{base}/BatchMax")
+            lo, hi = self._widen(lo, hi, cfg.weight_bits, True, base, symmetric)
+            q = self._fake_quant(weight, lo, hi, cfg.weight_bits, True, base)
+            layer.replace_input_with(index, q)
+            self.result.weights.append({
+                "quantizer": base,
+                "layers": [layer.name],
+                "op": layer.op_type,
+                "input": weight.name,
+                "output": q.name,
+                "axis": [0, 1] if per_channel else None,
+                "bits": cfg.weight_bits,
+                "symmetric": symmetric,
+            })
+
     # --- activations -------------------------------------------------------------------------------
     def encode_activation(self, point: TrainActivationPoint) -> None:
         cfg = self.config

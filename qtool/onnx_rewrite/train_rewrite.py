@@ -180,6 +180,19 @@ def _encode_weights(prepared: TrainGraph, encoder: tg.TrainEncoder, params: set[
             _parameter_of(v, params)
 
 
+def _encode_recurrent(prepared: TrainGraph, encoder: tg.TrainEncoder, params: set[str]) -> None:
+    """Each LSTM the eval graph runs as DynamicQuantizeLSTM: ``W``/``R`` fake-quantized on its grid;
+    its weights and bias train."""
+    nodes = {n.name: n for n in prepared.model.graph}
+    for point in prepared.plan.recurrent:
+        layer = nodes.get(point.node.name)
+        if layer is None:
+            continue
+        for v in layer.inputs[1:4]:
+            _parameter_of(v, params)
+        encoder.encode_recurrent(point.name, layer, point.per_channel, point.symmetric)
+
+
 def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: dict, left: list[dict]) -> None:
     """Each new point of the plan as FakeQuant; carried and grouped points share their range's state,
     fixed ranges are constants. Points come in plan order, so a source is encoded before what carries it."""
@@ -254,6 +267,7 @@ def encode_train(prepared: TrainGraph, schedule: TrainSchedule, ranges: dict) ->
     encoder = tg.TrainEncoder(graph, ops, config, step, schedule.quant_delay)
     left = _left_in_float(prepared)
     _encode_weights(prepared, encoder, params)
+    _encode_recurrent(prepared, encoder, params)
     _encode_activations(prepared, encoder, ranges, left)
     updates = {}
     for fold in folds:

@@ -24,13 +24,15 @@ from qtool.onnx_rewrite.placement.plan import (
     PlacementRule,
     PlanContext,
     QuantPlan,
+    RecurrentPoint,
     WeightPoint,
 )
 from qtool.onnx_rewrite.placement.tf import TF_RULES
 
 RULES: tuple[PlacementRule, ...] = TF_RULES + INTEGER_RULES
 
-__all__ = ["RULES", "ActivationPoint", "LeftInFloat", "PlacementRule", "PlanContext", "QuantPlan", "WeightPoint",
+__all__ = ["RULES", "ActivationPoint", "LeftInFloat", "PlacementRule", "PlanContext", "QuantPlan", "RecurrentPoint",
+           "WeightPoint",
            "check_exclude", "plan_quantization"]
 
 

@@ -29,6 +29,12 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
     when another input can be negative (it keeps its own range, so the
     activation still fuses into the layer's integer kernel);
   - a Softmax output uses the fixed range [0, 1].
+- :class:`RecurrentLayers`: an LSTM with constant float32 ``W``/``R`` runs as onnxruntime's
+  ``com.microsoft.DynamicQuantizeLSTM`` (int8 weights stored by qtool, the input and hidden state
+  quantized by the kernel at run time: 0.58x float on the zoo tagger per channel, 0.50x per tensor,
+  where Q/DQ around a float LSTM gains nothing, 0.98-1.00x); onnxruntime has no QDQ selector for LSTM/GRU/RNN and no
+  integer GRU/RNN kernel at all, so GRU and RNN stay float with that reason
+  (``benchmarks/zoo/FINDINGS.md`` section 3). ``--float-rnn`` keeps LSTMs float too.
 - :class:`FloatOps` (last): every op left in float, with its reason, for the report.
 """
 
@@ -37,10 +43,16 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
-from qtool.model.constants import constant_array, is_constant
-from qtool.model.layers import is_layer
+from qtool.model.constants import constant_array, constant_dtype, is_constant, not_constant_reason
+from qtool.model.layers import int_attr, is_layer
 from qtool.model.names import context_of
-from qtool.onnx_rewrite.placement.plan import ActivationPoint, LeftInFloat, PlacementRule, PlanContext
+from qtool.onnx_rewrite.placement.plan import (
+    ActivationPoint,
+    LeftInFloat,
+    PlacementRule,
+    PlanContext,
+    RecurrentPoint,
+)
 
 # ops whose output is their input's values rearranged (or a selection, or a nearest/linear resize):
 # they carry the input's quantizer
@@ -315,6 +327,62 @@ def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
     return all(ctx.point(o) is not None for o in node.outputs if o is not None)
 
 
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN = "DynamicQuantizeLSTM", "com.microsoft"
+DYNAMIC_LSTM_MAX_BITS = 8  # its weights are int8/uint8
+
+
+def _weight_rank(value: ir.Value) -> int | None:
+    if value.const_value is not None:
+        return len(value.const_value.shape)
+    return len(value.shape) if value.shape is not None else None
+
+
+class RecurrentLayers(PlacementRule):
+    """An LSTM runs as ``com.microsoft.DynamicQuantizeLSTM`` with int8 weights (module docstring);
+    GRU and RNN stay float: onnxruntime has no integer kernel for them."""
+
+    name = "recurrent layers"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if n.domain == "" and n.op_type in RECURRENT_OPS]
+
+    def check(self, ctx, node):
+        ctx.handled.add(id(node))
+        if node.op_type != "LSTM":
+            return (f"onnxruntime has no integer kernel for {node.op_type} (no DynamicQuantize{node.op_type}, "
+                    "and its QDQ path has no selector for it): it runs in float")
+        if ctx.config.float_rnn:
+            return "kept in float (--float-rnn)"
+        reason = ctx.config.out_of_scope(node)
+        if reason is not None:
+            return f"weights not quantized: {reason}"
+        if ctx.config.weight_bits > DYNAMIC_LSTM_MAX_BITS:
+            return (f"DynamicQuantizeLSTM takes weights of {DYNAMIC_LSTM_MAX_BITS} bits at most "
+                    f"(--weight-bits {ctx.config.weight_bits}): it runs in float")
+        if int_attr(node, "layout", 0) != 0:
+            return "layout=1 (batch first): DynamicQuantizeLSTM has no layout attribute; it runs in float"
+        for index, what in ((1, "W"), (2, "R")):
+            w = node.inputs[index] if len(node.inputs) > index else None
+            if w is None or not is_constant(w):
+                return f"weights not quantized: {what} is not a constant ({not_constant_reason(w)})"
+            if constant_dtype(w) != ir.DataType.FLOAT:
+                return f"weights not quantized: {what} is not float32"
+            if _weight_rank(w) != 3:
+                return f"weights not quantized: {what} is not 3-D"
+        return None
+
+    def apply(self, ctx, node):
+        per_channel = ctx.config.per_channel
+        symmetric = ctx.config.weights_symmetric or per_channel
+        note = None
+        if symmetric != ctx.config.weights_symmetric:
+            note = ("asymmetric per-channel weights: DynamicQuantizeLSTM needs int8 per-channel zero points "
+                    "of 0, so its weights are symmetric per channel")
+        ctx.plan.recurrent.append(RecurrentPoint(node, per_channel, symmetric, node.name or "LSTM",
+                                                 note))
+
+
 class FloatOps(PlacementRule):
     """Not a placement: every op that stays in float, with its reason (the report), and the counts."""
 
@@ -322,7 +390,7 @@ class FloatOps(PlacementRule):
 
     def candidates(self, ctx):
         skip = {"Constant", QUANTIZE, DEQUANTIZE}
-        return [n for n in ctx.graph if n.op_type not in skip and not is_layer(n)]
+        return [n for n in ctx.graph if n.op_type not in skip and not is_layer(n) and not _recurrent(n)]
 
     def apply(self, ctx, node):
         inputs = [v for v in node.inputs if v is not None]
@@ -339,6 +407,12 @@ class FloatOps(PlacementRule):
             return  # Add/Mul -> Relu/Clip: onnxruntime fuses the activation into QLinearAdd/QLinearMul
         ctx.plan.other_ops[node.op_type] += 1
         ctx.plan.float_ops.append(LeftInFloat(node.name, node.op_type, _float_reason(ctx, node, variable)))
+
+
+def _recurrent(node: ir.Node) -> bool:
+    """LSTM/GRU/RNN (their rule reports them) and a DynamicQuantizeLSTM qtool wrote (integer)."""
+    return ((node.domain == "" and node.op_type in RECURRENT_OPS)
+            or (node.domain == DYNAMIC_LSTM_DOMAIN and node.op_type == DYNAMIC_LSTM))
 
 
 def _fused_activation(ctx: PlanContext, node: ir.Node) -> bool:
@@ -364,4 +438,4 @@ def _float_reason(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> 
 
 
 INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), UnreadQuantizers(),
-                                             FloatOps())
+                                             RecurrentLayers(), FloatOps())

@@ -114,6 +114,26 @@ class ActivationPoint:
 
 
 @dataclass
+class RecurrentPoint:
+    """An LSTM whose weights ``W``/``R`` are stored in int8 for onnxruntime's
+    ``com.microsoft.DynamicQuantizeLSTM`` (activations are quantized by the kernel at run time).
+
+    ``per_channel``: one range per (direction, gate row), the kernel's per-channel layout
+    ``[num_directions, 4*hidden_size]``; else one range per tensor. ``symmetric``: zero point 0
+    (the kernel requires it for int8 per-channel weights)."""
+
+    node: ir.Node
+    per_channel: bool
+    symmetric: bool
+    context: str
+    note: str | None = None  # an option the kernel cannot honour, and what was done instead
+
+    @property
+    def name(self) -> str:
+        return f"{self.context}/lstm_quant"
+
+
+@dataclass
 class LeftInFloat:
     node: str
     op: str
@@ -139,6 +159,7 @@ class QuantPlan:
     layers: list[LayerMatch] = field(default_factory=list)
     weights: list[WeightPoint] = field(default_factory=list)
     activations: list[ActivationPoint] = field(default_factory=list)
+    recurrent: list[RecurrentPoint] = field(default_factory=list)  # LSTMs run by DynamicQuantizeLSTM
     left_in_float: list[LeftInFloat] = field(default_factory=list)  # layers and placements that did not apply
     float_ops: list[LeftInFloat] = field(default_factory=list)  # other ops that run in float, and why
     other_ops: Counter = field(default_factory=Counter)
@@ -185,7 +206,7 @@ class QuantPlan:
         return resolved
 
     def is_empty(self) -> bool:
-        return not self.new_weights() and not self.new_activations()
+        return not self.new_weights() and not self.new_activations() and not self.recurrent
 
 
 class PlanContext:
