@@ -24,6 +24,10 @@ from qtool.cli._progress import StageProgress
 @click.option("--batch-axis", multiple=True, metavar="[OUTPUT=]AXIS",
               help="Samples axis of the outputs when it is not 0 (e.g. 1 for a time-major RNN's state); "
                    "AXIS for all outputs or OUTPUT=AXIS for one (repeatable).  [default: 0]")
+@click.option("--class-axis", type=int, default=None, metavar="AXIS",
+              help="Axis of the compared output that holds the classes, for a top-1 per position (frame, pixel, "
+                   "token): a tagger's [N, T, C] output takes -1, a segmenter's [N, C, H, W] 1. --labels then hold "
+                   "one class id per position.  [default: one top-1 per sample]")
 @click.option("--quantized", multiple=True, type=click.Path(dir_okay=False),
               help="Quantized model to compare (repeatable). Without it: a what-if table quantized in memory.")
 @click.option("--weight-bits", default=None, metavar="LIST",
@@ -59,6 +63,7 @@ def simulate_cmd(model, data, json_out, html_path, verbose, **params):
         calibration_data=params["calibration_data"], sensitivity=params["sensitivity"],
         batch_size=params["batch_size"], histograms=html_path is not None,
         batch_axis=list(params["batch_axis"]) or None, scope=params["scope"], exclude=params["exclude"],
+        class_axis=params["class_axis"],
     )
     json_path = json_out if json_out not in (None, "-") else None
     api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work

@@ -37,6 +37,48 @@ HIST_BINS = 64
 HIST_MARGIN = 0.25  # histogram range: the quantizer's range widened by this fraction on each side
 
 
+@dataclass(frozen=True)
+class ClassLayout:
+    """How a samples-first output holds classes: ``classes`` values along ``axis`` (None: all of a
+    sample's values flattened, one top-1 per sample) at ``positions`` places per sample (frames,
+    pixels, tokens). ``classes == 1``: one value per sample, no top-1; ``classes == 0`` (and
+    ``positions == 0``): several axes and no class axis given, no top-1 either."""
+
+    classes: int
+    positions: int = 1
+    axis: int | None = None
+
+    @property
+    def has_top1(self) -> bool:
+        return self.classes > 1
+
+    def top1(self, out: np.ndarray) -> np.ndarray:
+        """The top-1 class of every position, samples first then positions (flat)."""
+        if self.axis is None:
+            return m.argmax_rows(out)
+        rows = np.ascontiguousarray(np.moveaxis(out, self.axis, -1)).reshape(-1, self.classes)
+        return m.argmax_rows(rows)
+
+
+def class_layout(out: np.ndarray, raw_ndim: int, batch_axis: int, class_axis: int | None,
+                 output: str) -> ClassLayout:
+    """The :class:`ClassLayout` of ``out`` (samples first); ``class_axis`` counts the axes of the output
+    as the model returns it (``raw_ndim`` axes, samples on ``batch_axis``)."""
+    n = len(out)
+    per_sample = out.size // n if n else 1
+    if class_axis is None:
+        spread = [d for d in out.shape[1:] if d != 1]
+        return ClassLayout(per_sample) if len(spread) <= 1 else ClassLayout(0, positions=0)
+    if not -raw_ndim <= class_axis < raw_ndim:
+        raise QtoolError(f"--class-axis {class_axis}: output {output!r} has {raw_ndim} axes")
+    c, b = class_axis % raw_ndim, batch_axis % raw_ndim
+    if c == b:
+        raise QtoolError(f"--class-axis {class_axis} is the samples axis of output {output!r}")
+    axis = c + 1 if c < b else c  # where it is once the samples axis is moved first
+    classes = out.shape[axis]
+    return ClassLayout(classes, per_sample // classes if classes else 0, axis)
+
+
 @dataclass
 class Batch:
     """What every model of one batch is compared with: the float model's output and tensors."""
@@ -44,8 +86,9 @@ class Batch:
     number: int
     feed: dict[str, np.ndarray]
     float_out: np.ndarray  # samples first
-    float_top: np.ndarray | None  # top-1 per sample (None for one value per sample)
+    float_top: np.ndarray | None  # top-1 per sample or position (None without a top-1)
     labels: np.ndarray | None
+    layout: ClassLayout
     float_values: dict[str, np.ndarray]
     batch_axis: int
 
@@ -128,7 +171,7 @@ class ModelAcc:
                              f"{list(out.shape)}, the float model's {list(batch.float_out.shape)} (samples first)")
         m.combine(self.stats, m.pair_stats(batch.float_out, out))
         if batch.float_top is not None:
-            top = m.argmax_rows(out)
+            top = batch.layout.top1(out)
             self.agree += m.count_equal(top, batch.float_top)
             if batch.labels is not None:
                 self.correct += m.count_equal(top, batch.labels)

@@ -105,6 +105,7 @@ class SimulateConfig:
     batch_size: int = 16
     histograms: bool = False
     batch_axis: dict[str, int] = field(default_factory=lambda: {ALL_OUTPUTS: 0})
+    class_axis: int | None = None  # the compared output's class axis: top-1 per position (frame, pixel, token)
     scope: str | None = None  # the what-if table quantizes nodes under this prefix only
     exclude: frozenset = frozenset()  # and keeps these nodes in float
 
@@ -122,6 +123,10 @@ class SimulateConfig:
         set_(self, "weight_bits", parse_bits(self.weight_bits, "weight bits"))
         set_(self, "activation_bits", parse_bits(self.activation_bits, "activation bits"))
         set_(self, "batch_axis", parse_batch_axis(self.batch_axis))
+        ca = self.class_axis
+        if ca is not None and (isinstance(ca, bool) or not isinstance(ca, (int, np.integer))):
+            raise QtoolError(f"class axis must be an integer, got {ca!r}")
+        set_(self, "class_axis", None if ca is None else int(ca))
         set_(self, "sensitivity", bool(self.sensitivity))
         set_(self, "histograms", bool(self.histograms))
         for name in ("labels", "output"):

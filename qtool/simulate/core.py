@@ -27,7 +27,16 @@ import numpy as np
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
 from qtool.simulate import inputs
-from qtool.simulate.compare import Batch, FloatReference, QuantizedAcc, float_runner, plan_model, samples_first
+from qtool.simulate.compare import (
+    Batch,
+    ClassLayout,
+    FloatReference,
+    QuantizedAcc,
+    class_layout,
+    float_runner,
+    plan_model,
+    samples_first,
+)
 from qtool.simulate.config import SimulateConfig
 from qtool.simulate.result import SimulateResult
 from qtool.simulate.whatif import Quantize, QuantizedModel, quantize_in_memory
@@ -44,7 +53,7 @@ class _Totals:
 
     samples: int = 0
     correct: int = 0
-    classes: int | None = None  # values per sample of the compared output; 1: a regression or a score
+    layout: ClassLayout | None = None  # where the compared output holds its classes (after the first batch)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -58,7 +67,7 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     f = inputs.load(model, "model")
     output = inputs.output_name(f, config.output)
     config.check_outputs([v.name for v in f.model.graph.outputs], f.label)
-    dataset, labels = inputs.read_data(data, f.model, config.labels)
+    dataset, labels = inputs.read_data(data, f.model, config.labels, per_position=config.class_axis is not None)
     quantized = [inputs.load(q, f"quantized model {i + 1}") for i, q in enumerate(config.quantized)]
     for q in quantized:
         inputs.check_inputs_match(f.model, q, output)
@@ -79,15 +88,21 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     totals.seconds["evaluating"] = round(time.perf_counter() - t, 3)
     if runner.plain_every_batch:
         notes.append(FLOAT_FUSION_NOTE)
-    classes = totals.classes is None or totals.classes > 1
+    layout = totals.layout or ClassLayout(2)  # no samples: nothing measured either way
+    classes = layout.has_top1
+    if layout.classes == 0:
+        notes.append(f"output {output!r} spreads each sample over several axes: no top-1 and no agreement without "
+                     "--class-axis (e.g. the classes axis of a tagger, a segmenter or a recognizer); judged by SQNR")
     has_labels = labels is not None
+    predictions = totals.samples * layout.positions
     return SimulateResult(
         model=f.label, data=dataset.source or "<data>", samples=totals.samples, batch_size=config.batch_size,
         output=output, output_kind="classes" if classes else "values", batch_axis=config.axis_for(output),
         labels=config.labels, calibration=calibration,
-        float_accuracy=totals.correct / totals.samples if has_labels and classes and totals.samples else None,
+        float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
         float_correct=totals.correct if has_labels and classes else None,
-        models=[a.result(max(totals.samples, 1), has_labels, classes) for a in accs],
+        models=[a.result(max(predictions, 1), has_labels, classes) for a in accs],
+        class_axis=config.class_axis, positions=layout.positions,
         notes=notes, seconds=round(time.perf_counter() - start, 3), stage_seconds=totals.seconds,
     )
 
@@ -111,7 +126,7 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
     _stage(progress, "evaluating", 0, dataset.num_samples)
     try:
         for number, feed in enumerate(dataset.batches(config.batch_size), start=1):
-            batch = _float_batch(runner, number, feed, labels, axis, totals, config.labels)
+            batch = _float_batch(runner, number, feed, labels, axis, totals, config)
             for acc in accs:
                 acc.update(batch)
             totals.samples += len(batch.float_out)
@@ -121,27 +136,45 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
             r.close()
 
 
-def _float_batch(runner, number: int, feed: dict, labels, axis: int, totals: _Totals, label_name) -> Batch:
+def _float_batch(runner, number: int, feed: dict, labels, axis: int, totals: _Totals,
+                 config: SimulateConfig) -> Batch:
     feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
     n = len(next(iter(feed.values())))
-    out, values = runner.run(feed, number)
+    raw, values = runner.run(feed, number)
     values.update(feed)
-    values[runner.output] = out
-    out = samples_first(out, axis, n, "the float model's", runner.output)
-    if totals.classes is None:
-        totals.classes = out.size // n if n else 1
-    top = m.argmax_rows(out) if totals.classes > 1 else None
+    values[runner.output] = raw
+    out = samples_first(raw, axis, n, "the float model's", runner.output)
+    if totals.layout is None:
+        totals.layout = class_layout(out, np.ndim(raw), axis, config.class_axis, runner.output)
+    layout = totals.layout
+    top = layout.top1(out) if layout.has_top1 else None
     lab = None
     if labels is not None:
-        if top is None:
-            raise QtoolError(f"labels {label_name!r} are class ids, but output {runner.output!r} has one value per "
-                             "sample (a regression or a score): compare it without labels (SQNR and relative error)")
-        lab = np.ascontiguousarray(labels[totals.samples : totals.samples + n]).astype(np.int64)
-        bad = (lab < 0) | (lab >= totals.classes)
-        if bad.any():
-            raise QtoolError(f"labels {label_name!r} hold class id {int(lab[bad][0])}, but output "
-                             f"{runner.output!r} has {totals.classes} classes")
+        lab = _batch_labels(labels[totals.samples : totals.samples + n], layout, out, config, runner.output)
         totals.correct += m.count_equal(top, lab)
-    return Batch(number, feed, out, top, lab, values, axis)
+    return Batch(number, feed, out, top, lab, layout, values, axis)
+
+
+def _batch_labels(labels: np.ndarray, layout: ClassLayout, out: np.ndarray, config: SimulateConfig,
+                  output: str) -> np.ndarray:
+    """One batch's labels, flat like ``layout.top1``, checked against the output."""
+    name = config.labels
+    if layout.classes == 1:
+        raise QtoolError(f"labels {name!r} are class ids, but output {output!r} has one value per "
+                         "sample (a regression or a score): compare it without labels (SQNR and relative error)")
+    if layout.classes == 0:
+        raise QtoolError(f"labels {name!r}: output {output!r} has shape {list(out.shape)} (samples first), several "
+                         "axes per sample: name its classes axis with --class-axis")
+    if layout.axis is not None:
+        want = [len(out)] + [d for i, d in enumerate(out.shape) if i not in (0, layout.axis)]
+        if int(np.prod(labels.shape)) != int(np.prod(want)):
+            raise QtoolError(f"labels {name!r} have shape {list(labels.shape[1:])} per sample, but output {output!r} "
+                             f"has {want[1:]} positions per sample (its shape without the class axis)")
+    lab = np.ascontiguousarray(labels).astype(np.int64).reshape(-1)
+    bad = (lab < 0) | (lab >= layout.classes)
+    if bad.any():
+        raise QtoolError(f"labels {name!r} hold class id {int(lab[bad][0])}, but output "
+                         f"{output!r} has {layout.classes} classes")
+    return lab
 
 

@@ -71,25 +71,31 @@ def _read_arrays(data) -> tuple[dict[str, np.ndarray], str | None]:
     raise QtoolError(f"data must be an .npz path or a dict of arrays, got {type(data).__name__}")
 
 
-def _labels(arrays: dict, labels: str, where: str) -> np.ndarray:
+def _labels(arrays: dict, labels: str, where: str, per_position: bool) -> np.ndarray:
     if labels not in arrays:
         have = ", ".join(repr(k) for k in arrays if k) or "none"
         raise QtoolError(f"no labels array {labels!r} in {where} (arrays: {have})")
     label_array = np.asarray(arrays.pop(labels))
-    if label_array.ndim == 2 and label_array.shape[1] == 1:
-        label_array = label_array[:, 0]
-    if label_array.ndim != 1:
-        raise QtoolError(f"labels {labels!r} must be one class id per sample (1-D), got shape {list(label_array.shape)}")
+    if per_position:  # one class id per position (frame, pixel, token): checked against the output per batch
+        if label_array.ndim < 1:
+            raise QtoolError(f"labels {labels!r} must have the samples on their first axis, got a scalar")
+    else:
+        if label_array.ndim == 2 and label_array.shape[1] == 1:
+            label_array = label_array[:, 0]
+        if label_array.ndim != 1:
+            raise QtoolError(f"labels {labels!r} must be one class id per sample (1-D), got shape "
+                             f"{list(label_array.shape)} (per-position labels need --class-axis)")
     if label_array.dtype.kind not in "iu":
         raise QtoolError(f"labels {labels!r} must be integer class ids, got dtype {label_array.dtype}")
     return label_array
 
 
-def read_data(data, model: ir.Model, labels: str | None) -> tuple[CalibrationData, np.ndarray | None]:
+def read_data(data, model: ir.Model, labels: str | None,
+              per_position: bool = False) -> tuple[CalibrationData, np.ndarray | None]:
     """The evaluation data checked against the model's inputs, and the labels (or None)."""
     arrays, label = _read_arrays(data)
     where = f"'{label}'" if label else "the data"
-    label_array = _labels(arrays, labels, where) if labels is not None else None
+    label_array = _labels(arrays, labels, where, per_position) if labels is not None else None
     try:
         loaded = load_calibration_data(arrays, input_specs(model))
     except QtoolError as exc:

@@ -123,7 +123,13 @@ def _tensor_name(name: str) -> str:
 
 def _header(report: dict, width: int) -> list[str]:
     labels = f", labels '{report['labels']}'" if report["labels"] else ", no labels"
-    kind = "" if report.get("output_kind", "classes") == "classes" else " (one value per sample: SQNR, no top-1)"
+    kind = ""
+    if report.get("output_kind", "classes") != "classes":
+        several = report.get("positions", 1) == 0
+        kind = " (several axes per sample, no --class-axis: SQNR, no top-1)" if several else \
+            " (one value per sample: SQNR, no top-1)"
+    elif report.get("class_axis") is not None:
+        kind = f" (top-1 along axis {report['class_axis']}, {report.get('positions', 1)} per sample)"
     lines = [ellipsize(f"qtool simulate: {report['model']}", width),
              ellipsize(f"  data: {report['data']}", width),
              f"  {report['samples']} samples, output '{report['output']}'{kind}{labels}"]

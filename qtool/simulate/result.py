@@ -275,13 +275,15 @@ class SimulateResult:
     notes: list[str]
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    class_axis: int | None = None  # top-1 per position along this output axis (None: one per sample)
+    positions: int = 1  # top-1 predictions per sample
 
     def to_dict(self) -> dict:
         """The report as plain Python values (``inf``/``nan`` kept as floats; :meth:`write_json` writes them as strings)."""
         return {
             "model": self.model, "data": self.data, "samples": self.samples, "batch_size": self.batch_size,
             "output": self.output, "output_kind": self.output_kind, "batch_axis": self.batch_axis,
-            "labels": self.labels,
+            "labels": self.labels, "class_axis": self.class_axis, "positions": self.positions,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "float": {"accuracy": self.float_accuracy, "correct": self.float_correct},
             "models": [mdl.to_dict() for mdl in self.models],

@@ -129,3 +129,92 @@ def test_class_labels_on_one_value_per_sample_are_refused(regression):
     path, data = regression
     with pytest.raises(QtoolError, match="one value per sample .* compare it without labels"):
         simulate(path, data, SimulateConfig(labels="labels"))
+
+
+# --- outputs with classes at every position: a tagger [N, T, C], a segmenter [N, C, H, W] ----------------
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory):
+    """x [N, 6, 8] -> MatMul -> Relu -> MatMul -> y [N, 6, 5]: 5 classes at each of 6 frames."""
+    tmp = tmp_path_factory.mktemp("tagger")
+    inits = [nh.from_array(RNG.normal(0, 0.5, s).astype(np.float32), n) for n, s in (("W1", (8, 16)), ("W2", (16, 5)))]
+    nodes = [h.make_node("MatMul", ["x", "W1"], ["h"], name="fc1"), h.make_node("Relu", ["h"], ["r"], name="relu"),
+             h.make_node("MatMul", ["r", "W2"], ["y"], name="fc2")]
+    graph = h.make_graph(nodes, "tag", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 5])], inits)
+    path = _save(graph, tmp / "tag.onnx")
+    x = RNG.normal(0, 1, (48, 6, 8)).astype(np.float32)
+    q = tmp / "tag.qdq.onnx"
+    qtool.rewrite_eval(path, q, calibration_data={"x": x}, quant=qtool.QuantConfig(activation_bits=4, weight_bits=4))
+    return path, q, x
+
+
+def _run(path, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def test_a_tagger_gets_top1_per_frame_with_its_class_axis(tagger):
+    path, q, x = tagger
+    labels = RNG.integers(0, 5, (48, 6))
+    rep = simulate(path, {"x": x, "tags": labels}, SimulateConfig(quantized=[q], labels="tags", class_axis=-1,
+                                                                 batch_size=16)).report
+    want_float, want_q = _run(path, x).argmax(-1), _run(q, x).argmax(-1)
+    assert rep["output_kind"] == "classes" and rep["positions"] == 6 and rep["class_axis"] == -1
+    assert rep["float"]["accuracy"] == pytest.approx(np.mean(want_float == labels))
+    model = rep["models"][0]
+    assert model["agreement"] == pytest.approx(np.mean(want_q == want_float))  # per frame, not per sample
+    assert model["accuracy"] == pytest.approx(np.mean(want_q == labels))
+    assert model["agreement"] < 1.0  # 4 bits: some frames change
+
+
+def test_without_a_class_axis_a_tagger_has_no_top1(tagger):
+    path, q, x = tagger
+    res = simulate(path, {"x": x}, SimulateConfig(quantized=[q]))
+    rep = res.report
+    assert rep["output_kind"] == "values" and rep["models"][0]["agreement"] is None
+    assert any("--class-axis" in note for note in rep["notes"])
+    assert "several axes per sample" in res.format_text()
+    with pytest.raises(QtoolError, match="per-position labels need --class-axis"):
+        simulate(path, {"x": x, "tags": RNG.integers(0, 5, (48, 6))}, SimulateConfig(quantized=[q], labels="tags"))
+    with pytest.raises(QtoolError, match="several axes per sample: name its classes axis with --class-axis"):
+        simulate(path, {"x": x, "tags": RNG.integers(0, 5, 48)}, SimulateConfig(quantized=[q], labels="tags"))
+
+
+def test_class_axis_mistakes_are_one_clear_error(tagger):
+    path, q, x = tagger
+    cases = {0: "is the samples axis", 3: "has 3 axes", -4: "has 3 axes"}
+    for axis, message in cases.items():
+        with pytest.raises(QtoolError, match=message):
+            simulate(path, {"x": x}, SimulateConfig(quantized=[q], class_axis=axis))
+    with pytest.raises(QtoolError, match=r"have shape \[5\] per sample, but output 'y' has \[6\] positions"):
+        simulate(path, {"x": x, "tags": RNG.integers(0, 5, (48, 5))},
+                 SimulateConfig(quantized=[q], labels="tags", class_axis=2))
+    with pytest.raises(QtoolError, match="class id 7, but output 'y' has 5 classes"):
+        simulate(path, {"x": x, "tags": np.full((48, 6), 7)}, SimulateConfig(quantized=[q], labels="tags", class_axis=2))
+    with pytest.raises(QtoolError, match="class axis must be an integer"):
+        SimulateConfig(class_axis="last")
+
+
+def test_a_segmenter_gets_top1_per_pixel_on_its_channel_axis(tmp_path):
+    """x [N, 3, 5, 7] -> 1x1 Conv -> y [N, 4, 5, 7]: classes on axis 1, 35 pixels per sample; from the CLI."""
+    from click.testing import CliRunner
+
+    from qtool.cli import main
+
+    w = nh.from_array(RNG.normal(0, 0.5, (4, 3, 1, 1)).astype(np.float32), "W")
+    graph = h.make_graph([h.make_node("Conv", ["x", "W"], ["y"], name="head")], "seg",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 5, 7])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 5, 7])], [w])
+    path = _save(graph, tmp_path / "seg.onnx")
+    x = RNG.normal(0, 1, (20, 3, 5, 7)).astype(np.float32)
+    labels = RNG.integers(0, 4, (20, 5, 7))
+    np.savez(tmp_path / "d.npz", x=x, masks=labels)
+    result = CliRunner().invoke(main, ["simulate", str(path), "--data", str(tmp_path / "d.npz"), "--labels", "masks",
+                                       "--class-axis", "1", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["positions"] == 35
+    assert rep["float"]["accuracy"] == pytest.approx(np.mean(_run(path, x).argmax(1) == labels))
