@@ -5,6 +5,12 @@ axis; a model with one input may also take a plain ``.npy`` or an ``.npz``
 holding a single array under any name. Arrays named like no input are
 ignored (an evaluation file with ``labels`` works), and reported.
 
+Inputs whose batch axis is not the first (a recurrent state ``[2, batch,
+128]``: the model's batch symbol, the one the other inputs have first, at
+another axis) are still stored samples first and moved to their axis when
+fed. Inputs with no batch axis (a scalar such as a sample rate) take one
+array of the model's shape, fed whole with every batch.
+
 Files are read lazily: only the header (dtype, shape) of the arrays the
 model needs is read up front, arrays it does not need are never read, and
 each batch's rows are read from the file when the batch is fed (streamed out
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -33,12 +40,30 @@ class InputSpec:
     name: str
     dtype: np.dtype | None
     shape: tuple | None  # ints for static dims, str/None for dynamic ones
+    batch_axis: int | None = 0  # where the samples go when fed; None: no batch axis (fed whole every batch)
 
     def describe_shape(self) -> str:
         if self.shape is None:
             return "any shape"
         dims = [str(d) if isinstance(d, int) else (d if d else "?") for d in self.shape]
         return "[" + ", ".join(dims) + "]"
+
+    def stored_shape(self) -> tuple | None:
+        """The shape the data holds: the model's, with the batch axis first."""
+        if self.shape is None or not self.batch_axis:
+            return self.shape
+        k = self.batch_axis
+        return (self.shape[k],) + self.shape[:k] + self.shape[k + 1:]
+
+    def describe_stored(self) -> str:
+        if self.shape is None or not self.batch_axis:
+            return self.describe_shape()
+        return f"{InputSpec(self.name, self.dtype, self.stored_shape()).describe_shape()} (samples first; " \
+               f"fed as {self.describe_shape()})"
+
+    def as_fed(self, block: np.ndarray) -> np.ndarray:
+        """A samples-first block as the model takes it."""
+        return np.moveaxis(block, 0, self.batch_axis) if self.batch_axis else block
 
 
 def input_specs(model) -> list[InputSpec]:
@@ -57,7 +82,26 @@ def input_specs(model) -> list[InputSpec]:
         if value.shape is not None:
             shape = tuple(d if isinstance(d, int) else (d.value if hasattr(d, "value") else None) for d in value.shape)
         specs.append(InputSpec(value.name, dtype, shape))
-    return specs
+    axes = _batch_axes([s.shape for s in specs])
+    return [InputSpec(s.name, s.dtype, s.shape, axis) for s, axis in zip(specs, axes)]
+
+
+def _batch_axes(shapes: list[tuple | None]) -> list[int | None]:
+    """Each input's samples axis: the first, unless the first is static and the batch symbol (the
+    name most inputs have first) is at another axis; None for a scalar input (no samples axis)."""
+    firsts = Counter(s[0] for s in shapes if s and isinstance(s[0], str) and s[0])
+    batch = firsts.most_common(1)[0][0] if firsts else None
+    axes = []
+    for shape in shapes:
+        if shape is None:
+            axes.append(0)
+        elif not shape:
+            axes.append(None)
+        elif isinstance(shape[0], int) and shape[0] > 0 and batch is not None and batch in shape:
+            axes.append(shape.index(batch))
+        else:
+            axes.append(0)
+    return axes
 
 
 class StoredArray:
@@ -98,7 +142,10 @@ class StoredArray:
 
     def read(self) -> np.ndarray:
         """The whole array (for users that need random access, such as training)."""
-        blocks = list(self.rows(max(1, self.shape[0]))) if self.shape and self.shape[0] else []
+        if not self.shape:  # a scalar: no samples to stream
+            with self._open() as stream:
+                return np.lib.format.read_array(stream, allow_pickle=False)
+        blocks = list(self.rows(max(1, self.shape[0]))) if self.shape[0] else []
         return blocks[0] if len(blocks) == 1 else np.empty(self.shape, self.dtype)
 
     def __array__(self, dtype=None, copy=None):
@@ -176,19 +223,42 @@ class CalibrationData:
     fixed_batch: int | None = None  # the model's static batch size, if it has one
     ignored: list[str] = field(default_factory=list)
     source: str | None = None
+    specs: dict[str, InputSpec] = field(default_factory=dict)  # how each input is fed (batch axis)
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         size = self.fixed_batch or batch_size
+        whole = {name: np.asarray(arr) for name, arr in self.arrays.items() if not self._batched(name)}
         readers = {
             name: arr.rows(size) if isinstance(arr, StoredArray) else _slices(arr, size)
-            for name, arr in self.arrays.items()
+            for name, arr in self.arrays.items() if self._batched(name)
         }
         try:
             for _ in range(0, self.num_samples, size):
-                yield {name: next(reader) for name, reader in readers.items()}
+                feed = {name: self._fed(name, next(reader)) for name, reader in readers.items()}
+                yield {name: whole[name] if name in whole else feed[name] for name in self.arrays}
         finally:
             for reader in readers.values():
                 reader.close()
+
+    def samples_in(self, feed: dict[str, np.ndarray]) -> int:
+        """How many samples a batch of :meth:`batches` holds (read on an input's batch axis)."""
+        for name, array in feed.items():
+            if self._batched(name):
+                spec = self.specs.get(name)
+                return np.shape(array)[spec.batch_axis if spec is not None else 0]
+        return 0
+
+    def _batched(self, name: str) -> bool:
+        spec = self.specs.get(name)
+        return spec is None or spec.batch_axis is not None
+
+    def _fed(self, name: str, block: np.ndarray) -> np.ndarray:
+        spec = self.specs.get(name)
+        return block if spec is None else spec.as_fed(block)
+
+    def select(self, arrays: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
+        """The feed for ``rows`` (a slice or indices) of ``arrays`` (this data's arrays, read whole)."""
+        return {name: self._fed(name, a[rows]) if self._batched(name) else a for name, a in arrays.items()}
 
     def num_batches(self, batch_size: int) -> int:
         size = self.fixed_batch or batch_size
@@ -274,25 +344,36 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
                 f"calibration data for input '{spec.name}': expected dtype {spec.dtype}, got {arr.dtype}"
                 + (f" (convert it with .astype(np.{spec.dtype}))" if arr.dtype.kind in "fiub" else "")
             )
+        if spec.batch_axis is None:  # no samples axis: one array, fed whole with every batch
+            if not _fits(spec.shape, arr.shape):
+                raise QtoolError(
+                    f"calibration data for input '{spec.name}': the model takes {spec.describe_shape()} with no "
+                    f"batch axis (fed whole with every batch), got shape {list(arr.shape)}"
+                )
+            continue
         if arr.ndim == 0:
             raise QtoolError(f"calibration data for input '{spec.name}' is a scalar; samples go on the first axis")
-        if spec.shape is not None:
-            if arr.ndim != len(spec.shape):
+        stored = spec.stored_shape()
+        if stored is not None:
+            if arr.ndim != len(stored):
                 raise QtoolError(
-                    f"calibration data for input '{spec.name}': expected {len(spec.shape)} dimensions "
-                    f"{spec.describe_shape()} (samples first), got shape {list(arr.shape)}"
+                    f"calibration data for input '{spec.name}': expected {len(stored)} dimensions "
+                    f"{spec.describe_stored()}, got shape {list(arr.shape)}"
+                    + ("" if spec.batch_axis else " (samples first)")
                 )
-            for axis, (want, got) in enumerate(zip(spec.shape, arr.shape)):
+            for axis, (want, got) in enumerate(zip(stored, arr.shape)):
                 if axis == 0:
                     if isinstance(want, int) and want > 0:
                         fixed_batch = want if fixed_batch is None else fixed_batch
                     continue
                 if isinstance(want, int) and want > 0 and want != got:
                     raise QtoolError(
-                        f"calibration data for input '{spec.name}': expected shape {spec.describe_shape()}, "
+                        f"calibration data for input '{spec.name}': expected shape {spec.describe_stored()}, "
                         f"got {list(arr.shape)} (dimension {axis} is {got}, the model needs {want})"
                     )
         counts[spec.name] = arr.shape[0]
+    if not counts:
+        raise QtoolError(f"calibration data{where}: the model has no input with a batch axis to put samples on")
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"'{k}': {v}" for k, v in counts.items())
         raise QtoolError(f"calibration arrays have different numbers of samples ({detail})")
@@ -304,4 +385,9 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
             f"the model's inputs have a fixed batch size of {fixed_batch}, but the calibration data has "
             f"{num} samples: give a multiple of {fixed_batch}"
         )
-    return CalibrationData(chosen, num, fixed_batch, ignored, label)
+    return CalibrationData(chosen, num, fixed_batch, ignored, label, {s.name: s for s in specs})
+
+
+def _fits(shape: tuple, got: tuple) -> bool:
+    """``got`` matches ``shape`` (static dims equal, dynamic ones anything)."""
+    return len(shape) == len(got) and all(not isinstance(w, int) or w <= 0 or w == g for w, g in zip(shape, got))

@@ -98,7 +98,7 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
             if session is not None:
                 _run_batch(session, from_outputs, feed, observers, batches + 1)
             batches += 1
-            done += len(next(iter(feed.values())))
+            done += data.samples_in(feed)
             if progress is not None:
                 progress(done, total)
         del session

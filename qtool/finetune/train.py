@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from qtool.data import input_specs, load_calibration_data
+from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
 from qtool.finetune.config import (
     FINETUNE_METADATA_KEY,
@@ -62,6 +62,13 @@ class _Data:
     num: int
     source: str
     fixed_batch: int | None = None  # the model's static batch size, if it has one
+    loaded: CalibrationData | None = None  # how each input is fed (its batch axis)
+
+    def feed(self, rows) -> dict:
+        """The model's inputs for ``rows`` (a slice or sorted indices), on the device."""
+        arrays = self.loaded.select(self.inputs, rows) if self.loaded is not None else \
+            {k: v[rows] for k, v in self.inputs.items()}
+        return {k: jnp.asarray(v) for k, v in arrays.items()}
 
 
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
@@ -92,7 +99,7 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
                 raise QtoolError(f"{what} labels '{labels_key}' must be integer class ids, got {labels.dtype}")
     # training samples batches in random order: the arrays are read whole (calibration streams them)
     arrays = {name: np.asarray(a) for name, a in data.arrays.items()}
-    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data.fixed_batch)
+    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data.fixed_batch, data)
 
 
 # --- the contract ---------------------------------------------------------------------------------------
@@ -431,7 +438,7 @@ class _Validator:
 
     def batches(self):
         for s in range(0, self.val.num, self.eval_batch):
-            yield s, {k: jnp.asarray(v[s:s + self.eval_batch]) for k, v in self.val.inputs.items()}
+            yield s, self.val.feed(slice(s, s + self.eval_batch))
 
     def metric(self, params, state) -> float:
         correct = 0
@@ -512,7 +519,7 @@ class _Batches:
             self.cursor = 0
         idx = np.sort(self.order[self.cursor:self.cursor + batch_size])
         self.cursor += batch_size
-        batch = {k: jnp.asarray(v[idx]) for k, v in train.inputs.items()}
+        batch = train.feed(idx)
         labels = None if train.labels is None else jnp.asarray(train.labels[idx].astype(np.int32))
         return batch, labels
 

@@ -126,7 +126,7 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
     _stage(progress, "evaluating", 0, dataset.num_samples)
     try:
         for number, feed in enumerate(dataset.batches(config.batch_size), start=1):
-            batch = _float_batch(runner, number, feed, labels, axis, totals, config)
+            batch = _float_batch(runner, number, feed, dataset.samples_in(feed), labels, axis, totals, config)
             for acc in accs:
                 acc.update(batch)
             totals.samples += len(batch.float_out)
@@ -136,10 +136,9 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
             r.close()
 
 
-def _float_batch(runner, number: int, feed: dict, labels, axis: int, totals: _Totals,
+def _float_batch(runner, number: int, feed: dict, n: int, labels, axis: int, totals: _Totals,
                  config: SimulateConfig) -> Batch:
     feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
-    n = len(next(iter(feed.values())))
     raw, values = runner.run(feed, number)
     values.update(feed)
     values[runner.output] = raw
