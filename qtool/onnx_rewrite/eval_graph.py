@@ -27,7 +27,10 @@ beyond the rounding of an int32 bias:
 - **int32 biases**: the bias of a Conv/ConvTranspose/Gemm whose weight and
   input are quantized is stored as int32 with scale ``input_scale *
   weight_scale`` and zero point 0 (TFLite's bias encoding; onnxruntime only
-  fuses a QDQ Conv into QLinearConv with such a bias).
+  fuses a QDQ Conv into QLinearConv with such a bias): ``round_half_even(
+  float32(b / scale))``, saturated to int32 when the layer may run in 8-bit
+  kernels. A qtool training graph models this rounding
+  (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
 weights are rounded offline by the kernels, so only activations can differ,
@@ -347,7 +350,10 @@ class QuantizeBias:
 
     def _integers(self, layer: ir.Node, b: np.ndarray, b_scale: np.ndarray):
         """``(int32 values, scale, scale factor, saturated count)``; values None: bias left float."""
-        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
+        # float32 division, rounded half to even: exactly what a training graph's qtool::FakeQuantBias
+        # computes (Div, Round), so a trained bias deploys bit for bit
+        with np.errstate(over="ignore"):
+            q = np.rint(b.astype(np.float32).reshape(-1) / b_scale.astype(np.float32)).astype(np.float64)
         if not np.any(np.abs(q) > _INT32.max):
             return q.astype(np.int32), b_scale, 1, 0
         # The bias does not fit int32 at input_scale * weight_scale (16-bit grids make that scale
@@ -366,6 +372,7 @@ class QuantizeBias:
             return np.clip(q, -_INT32.max, _INT32.max).astype(np.int32), b_scale, 1, saturated
         # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the bias DQ may
         # have a coarser scale, a power-of-two multiple of the usual one.
+        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
         k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
         while True:
             scaled = (b_scale * np.float32(2**k)).astype(np.float32)
