@@ -160,6 +160,8 @@ def _bias_forward(b, scale, saturate: bool):
     shape = jnp.broadcast_shapes(b.shape, scale.shape)
     divisor = _barrier(jnp.broadcast_to(scale, shape))  # a division, not b * (1 / scale)
     levels = jnp.round(b / divisor)  # half to even, as ONNX Round and np.rint
+    # level 0 is +0.0 (an int32 0 read back; onnxruntime's Round gives +0.0 for -0.4 too)
+    levels = jnp.where(levels == F32(0.0), F32(0.0), levels)
     if saturate:
         levels = jnp.clip(levels, -_INT32_BOUND, _INT32_BOUND)
     quantized = levels * scale
