@@ -188,7 +188,7 @@ def main() -> None:
     print(f"peak resident memory of the process: {peak:.0f} MB")
     print("PTQ: rewrite-eval of the float model; QAT@0: the training graph before fine-tuning, deployed; "
           "tuned: the tuned training graph in onnxruntime; deploy: rewrite-eval of the tuned file; "
-          "agree/SQNR: deploy vs tuned (the training graph's ranges updated with the 500-sample batch, as "
+          "agree/SQNR: deploy vs tuned (the training graph's ranges updated with the evaluated batch, as "
           "its FakeQuant uses them); agree*/SQNR*: deploy vs tuned with its ranges held (EMA decay 0; inf: "
           "bit for bit).")
 
