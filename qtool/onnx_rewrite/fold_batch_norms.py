@@ -10,8 +10,9 @@ scale ``gamma``, shift ``beta`` and ``epsilon``::
 so ``y = layer(x, w') + b'``. The arithmetic runs in float64 and is cast to
 the weight's type once (``float32=True``: in float32, operation by operation
 as a qtool training graph computes its frozen fold, so that a trained graph
-deploys with the weights and biases it was trained with, bit for bit), and the results are new initializers (no arithmetic
-nodes are left in the graph). A weight shared with other nodes is not
+deploys with the weights and biases it was trained with, bit for bit), and
+the results are new initializers (no arithmetic nodes are left in the
+graph). A weight shared with other nodes is not
 modified: the folded layer gets its own copy.
 
 Layouts (see ``patterns``): Conv scales axis 0, Gemm ``transB=1`` axis 0,

@@ -7,7 +7,7 @@ the training graph computes, every step (all float32, in graph ops)::
     raw          = layer(x, w)                      # the unfolded layer, no bias
     mu_b, var_b  = mean, population variance of raw over all axes but channels
     w_fold       = w * gamma / sigma_mv             # what the weight quantizer sees
-    out          = layer(x, fq(w_fold)) * correction_recip + correction_offset + bias
+    out          = layer(x, fq(w_fold)) * correction_recip + bias
     bias         = beta - mu_b * gamma / sigma_b
     before freeze_bn_delay:  correction_recip = sigma_mv / sigma_b
     after:                   correction_recip = 1, bias = (b - mu_mv) * (gamma / sigma_mv) + beta
@@ -26,11 +26,12 @@ same operations in the same order), so the deployed weights and biases are
 bit for bit what the training graph quantizes. TF writes the frozen bias as
 ``gamma * (mu_b / sigma_b - m_mv / sigma_mv) + beta - mu_b * gamma /
 sigma_b``: the same value and gradients in exact arithmetic, but in float32
-it depends on the batch (its rounding error does), which moved the deployed
-int32 bias by a grid step against the trained one. ``TrainFold.bias`` is the
+it depends on the batch (its rounding error does), and a bias that differs
+from the deployed one in its last bits can round to another int32 step. ``TrainFold.bias`` is the
 ``[C]`` bias vector the fold adds (where the training rewrite puts the
-deployed bias rounding, ``qtool::FakeQuantBias``). The unfolded layer is computed twice, as in TF: once for the batch
-statistics with the float weight, once with the quantized folded weight.
+deployed bias rounding, ``qtool::FakeQuantBias``). The unfolded layer is
+computed twice, as in TF: once for the batch statistics with the float
+weight, once with the quantized folded weight.
 
 The rule matches what the eval fold matches (``patterns.BN_FOLD``) and uses
 its checks (:meth:`FoldBatchNorm.check`), so both graphs fold the same batch
