@@ -253,13 +253,14 @@ class EvalEncoder:
         rule = QuantizeBias(self)
         for match in self.plan.layers:
             layer = match.layer
-            if id(layer) not in self.weight_scales or layer_bias(layer) is None:
+            slot = bias_slot(layer, match.get("bias_add"))
+            if id(layer) not in self.weight_scales or slot is None:
                 continue  # no bias, or a layer whose weight qtool did not quantize
-            reason = rule.check(layer)
+            reason = rule.check(layer, slot)
             if reason is not None:
                 self.result.notes.append(f"layer '{layer.name}': bias left in float: {reason}")
                 continue
-            entry = rule.rewrite(layer)
+            entry = rule.rewrite(layer, slot)
             if entry is not None:
                 self.result.biases.append(entry)
 
@@ -272,6 +273,23 @@ class EvalEncoder:
         self.report_float_layers()
         self.quantize_biases()
         return self.result
+
+
+def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node, int] | None:
+    """Where a layer's bias is read: ``(node, input index)``. Conv/ConvTranspose/Gemm: their own bias
+    input; MatMul: the constant operand of its bias ``Add`` (the plan's ``bias_add`` step), which
+    onnxruntime's basic optimizations fuse into a Gemm whose float bias they quantize to int32 at
+    ``input_scale * weight_scale`` themselves (so it is rounded in the default session, not without
+    optimizations, unless the eval graph stores it as int32). None: no bias."""
+    if layer.op_type == "MatMul":
+        if bias_add is None or len(bias_add.inputs) != 2:
+            return None
+        for i, v in enumerate(bias_add.inputs):
+            if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:
+                return bias_add, i
+        return None
+    bias = layer_bias(layer)
+    return None if bias is None else (layer, 2)
 
 
 class QuantizeBias:
@@ -288,10 +306,12 @@ class QuantizeBias:
         xp = x.producer() if x is not None else None
         return xp if xp is not None and xp.domain == "" and xp.op_type == DEQUANTIZE else None
 
-    def check(self, layer: ir.Node) -> str | None:
-        b = constant_array(layer_bias(layer))
+    def check(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> str | None:
+        b = constant_array(slot[0].inputs[slot[1]])
         if b is None or b.dtype != np.float32:
             return "it is not a float32 constant"
+        if layer.op_type == "MatMul" and (b.ndim < 1 or any(d != 1 for d in b.shape[:-1])):
+            return "the bias Add's constant is not one value per output (shape [..., 1, N])"
         xp = self._input_dq(layer)
         if xp is None:
             return "the layer's input is not quantized"
@@ -318,9 +338,10 @@ class QuantizeBias:
         x_scale = constant_array(self._input_dq(layer).inputs[1])
         return (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
 
-    def rewrite(self, layer: ir.Node) -> dict | None:
+    def rewrite(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> dict | None:
         enc = self.encoder
-        bias = layer_bias(layer)
+        reader, index = slot
+        bias = reader.inputs[index]
         b = constant_array(bias)
         b_scale = self.scale(layer, b.size)
         q, b_scale, factor, saturated = self._integers(layer, b, b_scale)
@@ -334,10 +355,11 @@ class QuantizeBias:
         zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
         q_init = enc.initializer(f"{base}/quantized", q.reshape(b.shape))
         dq = dequantize_node(q_init, enc.initializer(f"{base}/scale", scale_arr),
-                             enc.initializer(f"{base}/zero_point", zp_arr), base, None if per_tensor else 0, b.shape)
+                             enc.initializer(f"{base}/zero_point", zp_arr), base,
+                             None if per_tensor else max(b.ndim - 1, 0), b.shape)
         enc.graph.insert_before(layer, dq)
         source = constant_source(bias)
-        layer.replace_input_with(2, dq.outputs[0])
+        reader.replace_input_with(index, dq.outputs[0])
         if source is not None:
             remove_if_unused(enc.graph, source.nodes, [source.root])
         err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0

@@ -33,6 +33,7 @@ from qtool.model.opset import convert_opset, default_opset
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
+from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
@@ -227,13 +228,15 @@ def _fake_quant_of(value: ir.Value | None) -> ir.Node | None:
     return None
 
 
-def _deployed_int32_bias(layer: ir.Node, axis: int | None) -> bool:
+def _deployed_int32_bias(layer: ir.Node, slot, axis: int | None) -> bool:
     """Whether ``rewrite-eval`` stores the bias of ``layer`` (in the eval-folded copy, its weight quantized)
     as int32: ``eval_graph.QuantizeBias.check``'s conditions that do not depend on the encoded graph."""
-    b = constant_array(layer_bias(layer)) if layer_bias(layer) is not None else None
+    b = constant_array(slot[0].inputs[slot[1]])
     if b is None or b.dtype != np.float32:
         return False
     if layer.op_type == "Gemm" and (float_attr(layer, "beta", 1.0) != 1.0 or b.ndim != 1):
+        return False
+    if layer.op_type == "MatMul" and (b.ndim < 1 or any(d != 1 for d in b.shape[:-1])):
         return False
     w = constant_array(layer_weight(layer))
     if w is None:
@@ -258,7 +261,8 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
         layer = nodes.get(planned.name)
         if layer is None or planned.name not in axes or planned.name in eval_only:
             continue
-        if not _deployed_int32_bias(planned, axes[planned.name]):
+        slot = bias_slot(planned, match.get("bias_add"))
+        if slot is None or not _deployed_int32_bias(planned, slot, axes[planned.name]):
             continue
         x_fq, w_fq = _fake_quant_of(layer_input(layer)), _fake_quant_of(layer_weight(layer))
         if x_fq is None or w_fq is None or (x_fq.inputs[1].shape is not None and len(x_fq.inputs[1].shape)):
@@ -266,12 +270,18 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
         fold = folded.get(layer.name)
         if fold is not None:
             bias, uses = fold.bias, list(fold.bias.uses())
+        elif layer.op_type == "MatMul":  # the constant operand of its bias Add
+            add = nodes.get(slot[0].name)
+            if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+                continue
+            index = slot[1]
+            bias, uses = add.inputs[index], [(add, index)]
         else:
             bias = layer_bias(layer)
             if bias is None:
                 continue
             uses = [(layer, 2)]  # Conv, ConvTranspose and Gemm read their bias as input 2
-        channels = int(np.size(constant_array(layer_bias(planned))))
+        channels = int(np.size(constant_array(slot[0].inputs[slot[1]])))
         groups = group_of(layer) if layer.op_type == "ConvTranspose" else 1
         point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
                                   channels, axes[planned.name] is not None, groups, saturate)

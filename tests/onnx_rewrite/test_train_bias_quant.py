@@ -17,6 +17,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from model_builders import Builder
 from qtool.api import rewrite_eval, rewrite_train
 from qtool.config import QuantConfig, TrainSchedule
 from qtool.errors import QtoolError
@@ -120,3 +121,46 @@ def test_a_contract_naming_a_missing_bias_quantizer_is_refused(w3a3, tmp_path):
     onnx.save(model, str(forged))
     with pytest.raises(QtoolError, match="no/such/tensor"):
         rewrite_eval(str(forged), str(tmp_path / "out.onnx"))
+
+
+def _tiny_model():
+    """Every bias the eval graph stores as int32: a folded Conv, a grouped ConvTranspose with its own bias,
+    a folded depthwise Conv without one, a Gemm (transB=0), a MatMul with a bias Add ([1, N]), a MatMul
+    folded with a batch norm."""
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 4, 6, 6])
+    y = b.node("Relu", [b.bn(b.conv(x, 4, 8, name="c1"), 8, name="bn1")])
+    y = b.node("Relu", [b.conv_transpose(y, 8, 8, group=2, name="ct")])
+    y = b.node("Relu", [b.bn(b.conv(y, 8, 8, group=8, bias=False, name="dw"), 8, name="bn2")])
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])])
+    y = b.node("Relu", [b.gemm(y, 8, 6, trans_b=0, name="g1")])
+    w = b.const((np.random.default_rng(3).standard_normal((6, 7)) * 0.3).astype(np.float32))
+    y = b.node("MatMul", [y, w], name="mm")
+    y = b.node("Relu", [b.node("Add", [y, b.const((np.arange(7, dtype=np.float32) * 0.03 - 0.1)[None, :])])])
+    y = b.bn(b.matmul(y, 7, 5, name="mm2"), 5, name="bn3")
+    b.output(y)
+    return b.proto(), y
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8])
+def test_every_bias_layout_deploys_as_trained_at_every_optimization_level(bits, tmp_path):
+    import onnxruntime as ort
+
+    proto, out = _tiny_model()
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    x = np.random.default_rng(1).standard_normal((64, 4, 6, 6)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    rewrite_train(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), calibration_data=str(tmp_path / "calib.npz"),
+                  quant=QuantConfig(weight_bits=bits, activation_bits=bits), schedule=TrainSchedule(freeze_bn_delay=0))
+    rewrite_eval(str(tmp_path / "q.onnx"), str(tmp_path / "q.qdq.onnx"))
+    layers = {q["layer"] for q in _contract(onnx.load(str(tmp_path / "q.onnx")))["bias_quantizers"]}
+    assert layers == {"c1", "ct", "dw", "g1", "mm", "mm2"}
+    held = hold_ranges(tmp_path / "q.onnx", tmp_path / "held.onnx")
+    t = _run(held, [out], {"x": x, "qtool_step": np.array(100, np.int64)})[out]
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(str(tmp_path / "q.qdq.onnx"), options, providers=["CPUExecutionProvider"])
+        d = session.run([out], {"x": x})[0]
+        assert np.array_equal(t.view(np.uint32), d.view(np.uint32)), level
