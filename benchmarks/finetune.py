@@ -66,20 +66,13 @@ def _accuracy(logits, labels):
 
 
 def _held(path: Path, out: Path) -> Path:
-    """A copy of a training graph whose activation ranges do not move with the batch it runs on (EMA decay
-    0): its FakeQuant nodes then use the stored ranges, which the deployed model was written with."""
-    import json
-
+    """The training graph with its activation ranges held (EMA decay 0): its FakeQuant nodes then use the
+    stored ranges, which the deployed model was written with."""
     import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(str(path))
-    contract = json.loads({p.key: p.value for p in model.metadata_props}["qtool.training"])
-    quantizers = {q["quantizer"] for q in contract["activation_quantizers"]}
-    for t in model.graph.initializer:
-        if t.name.endswith("/decay") and t.name.rsplit("/", 1)[0] in quantizers:
-            t.CopyFrom(numpy_helper.from_array(np.float32(0.0), t.name))
-    onnx.save(model, str(out))
+    from qtool.onnx_rewrite.train_graph import held_ranges
+
+    onnx.save(held_ranges(onnx.load(str(path))), str(out))
     return out
 
 

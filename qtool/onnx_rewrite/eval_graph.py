@@ -29,7 +29,10 @@ beyond the rounding of an int32 bias:
   weight_scale`` and zero point 0 (TFLite's bias encoding; onnxruntime only
   fuses a QDQ Conv into QLinearConv with such a bias): ``round_half_even(
   float32(b / scale))``, saturated to int32 when the layer may run in 8-bit
-  kernels. A qtool training graph models this rounding
+  kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
+  optimizations fuse MatMul + Add into a Gemm and quantize its float bias
+  that way themselves, so leaving it float made the results depend on the
+  optimization level. A qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
@@ -458,6 +459,23 @@ def foreign_training_state(model: ir.Model) -> str | None:
         if name.endswith(("/act_quant/min", "/act_quant/max", "/weights_quant/min", "/weights_quant/max")):
             return f"initializer '{name}' is quantization state of another tool (TensorFlow-style range variable)"
     return None
+
+
+def held_ranges(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a training graph whose activation ranges do not move with the batch it runs on: every
+    EMA update's decay term (``<quantizer>/decay``, ``1 - ema_decay``) is 0, so the FakeQuant nodes use
+    the stored ranges, which are what ``rewrite-eval`` deploys with. For evaluating a training graph
+    against its deployed model; the copy is not for training (its ranges never learn from data)."""
+    held = onnx.ModelProto()
+    held.CopyFrom(model)
+    props = {p.key: p.value for p in held.metadata_props}
+    if METADATA_KEY not in props:
+        raise QtoolError("the model is not a qtool training graph (no 'qtool.training' metadata)")
+    quantizers = {q["quantizer"] for q in json.loads(props[METADATA_KEY]).get("activation_quantizers", [])}
+    for t in held.graph.initializer:
+        if t.name.endswith("/decay") and t.name[: -len("/decay")] in quantizers:
+            t.CopyFrom(numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
+    return held
 
 
 def metadata_json(contract: dict) -> str:

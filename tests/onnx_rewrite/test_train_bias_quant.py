@@ -24,7 +24,7 @@ from qtool.errors import QtoolError
 from qtool.model.io import load_model
 from qtool.model.session import session_options, tapped_session, value_map
 from qtool.onnx_rewrite.fake_quant_function import BIAS_NAME, DOMAIN
-from qtool.onnx_rewrite.train_graph import METADATA_KEY
+from qtool.onnx_rewrite.train_graph import METADATA_KEY, held_ranges
 
 from pathlib import Path
 
@@ -36,17 +36,14 @@ def _contract(model: onnx.ModelProto) -> dict:
 
 
 def hold_ranges(path: Path, out: Path) -> Path:
-    """A copy of a training graph whose activation ranges do not move with the batch (EMA decay 0): its
-    FakeQuant nodes use the stored ranges, the ones the deployed model was written with."""
+    """The training graph with its activation ranges held (EMA decay 0): its FakeQuant nodes use the stored
+    ranges, the ones the deployed model was written with."""
     model = onnx.load(str(path))
-    quantizers = {q["quantizer"] for q in _contract(model)["activation_quantizers"]}
-    held = 0
-    for t in model.graph.initializer:
-        if t.name.endswith("/decay") and t.name.rsplit("/", 1)[0] in quantizers:
-            t.CopyFrom(numpy_helper.from_array(np.float32(0.0), t.name))
-            held += 1
-    assert held
-    onnx.save(model, str(out))
+    held = held_ranges(model)
+    decays = [t for t in held.graph.initializer if t.name.endswith("/decay")]
+    assert decays and all(not numpy_helper.to_array(t).any() for t in decays)
+    assert any(numpy_helper.to_array(t).any() for t in model.graph.initializer if t.name.endswith("/decay"))
+    onnx.save(held, str(out))
     return out
 
 
