@@ -13,7 +13,9 @@ It prints the accuracies on the held-out samples, the minutes fine-tuning took,
 seconds per step (after the first, compiling step), the process's peak
 resident memory, and how far the deployed model is from the tuned training
 graph run by onnxruntime (quantization on, batch norms frozen): top-1
-agreement and SQNR.
+agreement and SQNR, with the training graph as it is (its activation ranges
+updated with the evaluated batch, TF's ``assign`` outputs) and with its
+ranges held (EMA decay 0: the stored ranges, which the deployed model uses).
 
 Setups: ``calib``: train on the 100 calibration samples, evaluate on the 500
 of eval.npz. ``split``: train on the calibration samples plus the first 250
@@ -33,10 +35,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from qtool.config import QuantConfig, TrainSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # this checkout's qtool, before any import of it
+
+from qtool.config import QuantConfig, TrainSchedule  # noqa: E402
 
 SAMPLES = ROOT / "samples"
 
@@ -60,6 +63,25 @@ def _logits(path, x, step=None):
 
 def _accuracy(logits, labels):
     return float(np.mean(logits.argmax(1) == labels))
+
+
+def _held(path: Path, out: Path) -> Path:
+    """The training graph with its activation ranges held (EMA decay 0): its FakeQuant nodes then use the
+    stored ranges, which the deployed model was written with."""
+    import onnx
+
+    from qtool.onnx_rewrite.train_graph import held_ranges
+
+    onnx.save(held_ranges(onnx.load(str(path))), str(out))
+    return out
+
+
+def _compare(reference, other) -> tuple[float, float]:
+    """Top-1 agreement and SQNR (dB) of ``other`` against ``reference``."""
+    agreement = float(np.mean(reference.argmax(1) == other.argmax(1)))
+    noise = np.sum((reference - other) ** 2)
+    sqnr = float("inf") if noise == 0 else float(10 * np.log10(np.sum(reference ** 2) / noise))
+    return agreement, sqnr
 
 
 def run_setup(name, train_x, eval_x, eval_y, args, folder: Path) -> dict:
@@ -95,8 +117,9 @@ def run_setup(name, train_x, eval_x, eval_y, args, folder: Path) -> dict:
     qtool.rewrite_eval(str(tuned), str(deployed), quant=QuantConfig(weight_bits=args.bits, activation_bits=args.bits))
     train_logits = _logits(tuned, eval_x, step=10**6).astype(np.float64)
     deploy_logits = _logits(deployed, eval_x).astype(np.float64)
-    agreement = float(np.mean(train_logits.argmax(1) == deploy_logits.argmax(1)))
-    sqnr = float(10 * np.log10(np.sum(train_logits ** 2) / np.sum((train_logits - deploy_logits) ** 2)))
+    agreement, sqnr = _compare(train_logits, deploy_logits)
+    held_logits = _logits(_held(tuned, folder / "tuned.held.onnx"), eval_x, step=10**6).astype(np.float64)
+    held_agreement, held_sqnr = _compare(held_logits, deploy_logits)
     return {
         "setup": name,
         "train_samples": len(train_x),
@@ -108,6 +131,8 @@ def run_setup(name, train_x, eval_x, eval_y, args, folder: Path) -> dict:
         "tuned_deployed": _accuracy(deploy_logits, eval_y),
         "agreement": agreement,
         "sqnr_db": sqnr,
+        "held_agreement": held_agreement,
+        "held_sqnr_db": held_sqnr,
         "minutes": minutes,
         "compile_seconds": result.compile_seconds,
         "seconds_per_step": result.seconds_per_step,
@@ -144,17 +169,21 @@ def main() -> None:
           f"batch {args.batch_size}, Adam lr {args.learning_rate:g} cosine, {args.distillation} distillation "
           f"(no labels), jax {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPU cores")
     header = (f"{'setup':<6} {'train':>5} {'eval':>4} {'float':>7} {'PTQ':>7} {'QAT@0':>7} {'tuned':>7} "
-              f"{'deploy':>7} {'agree':>7} {'SQNR':>8} {'minutes':>7} {'s/step':>7} {'compile':>7}")
+              f"{'deploy':>7} {'agree':>7} {'SQNR':>8} {'agree*':>7} {'SQNR*':>8} {'minutes':>7} {'s/step':>7} "
+              f"{'compile':>7}")
     print(header)
     for r in rows:
         print(f"{r['setup']:<6} {r['train_samples']:>5} {r['eval_samples']:>4} {100 * r['float']:>6.1f}% "
               f"{100 * r['ptq']:>6.1f}% {100 * r['qat_start_deployed']:>6.1f}% {100 * r['tuned_training_graph']:>6.1f}% "
               f"{100 * r['tuned_deployed']:>6.1f}% {100 * r['agreement']:>6.1f}% {r['sqnr_db']:>6.1f}dB "
+              f"{100 * r['held_agreement']:>6.1f}% {r['held_sqnr_db']:>6.1f}dB "
               f"{r['minutes']:>7.2f} {r['seconds_per_step']:>7.4f} {r['compile_seconds']:>6.1f}s")
     print(f"peak resident memory of the process: {peak:.0f} MB")
     print("PTQ: rewrite-eval of the float model; QAT@0: the training graph before fine-tuning, deployed; "
           "tuned: the tuned training graph in onnxruntime; deploy: rewrite-eval of the tuned file; "
-          "agree/SQNR: deploy vs tuned.")
+          "agree/SQNR: deploy vs tuned (the training graph's ranges updated with the evaluated batch, as "
+          "its FakeQuant uses them); agree*/SQNR*: deploy vs tuned with its ranges held (EMA decay 0; inf: "
+          "bit for bit).")
 
 
 if __name__ == "__main__":

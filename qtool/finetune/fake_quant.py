@@ -148,3 +148,43 @@ def _fq_bwd(num_bits, narrow_range, range_grad, res, g):
 
 
 fake_quant.defvjp(_fq_fwd, _fq_bwd)
+
+
+# --- qtool::FakeQuantBias: the deployed int32 bias -------------------------------------------------------------
+_INT32_BOUND = np.float32(np.iinfo(np.int32).max)  # 2**31 as float32
+
+
+def _bias_forward(b, scale, saturate: bool):
+    b = jnp.asarray(b, F32)
+    scale = jnp.asarray(scale, F32)
+    shape = jnp.broadcast_shapes(b.shape, scale.shape)
+    divisor = _barrier(jnp.broadcast_to(scale, shape))  # a division, not b * (1 / scale)
+    levels = jnp.round(b / divisor)  # half to even, as ONNX Round and np.rint
+    # level 0 is +0.0 (an int32 0 read back; onnxruntime's Round gives +0.0 for -0.4 too)
+    levels = jnp.where(levels == F32(0.0), F32(0.0), levels)
+    if saturate:
+        levels = jnp.clip(levels, -_INT32_BOUND, _INT32_BOUND)
+    quantized = levels * scale
+    usable = jnp.all((scale > F32(0.0)) & (scale < F32(np.inf)))
+    return jnp.where(usable, quantized, b)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def fake_quant_bias(b, scale, saturate: bool = True):
+    """``qtool::FakeQuantBias(b, scale)``: the bias the deployed model adds, ``round_half_even(b / scale)
+    * scale`` (int32-saturated when ``saturate``), ``b`` when a scale is 0 or not finite. The gradient is
+    the straight-through estimator: the identity for ``b``, zero for ``scale``."""
+    return _bias_forward(b, scale, saturate)
+
+
+def _fqb_fwd(b, scale, saturate):
+    y = _bias_forward(b, scale, saturate)
+    return y, (jnp.shape(b), jnp.asarray(scale, F32))
+
+
+def _fqb_bwd(saturate, res, g):
+    b_shape, scale = res
+    return _sum_to(g, b_shape), jnp.zeros_like(scale)
+
+
+fake_quant_bias.defvjp(_fqb_fwd, _fqb_bwd)

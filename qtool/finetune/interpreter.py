@@ -38,11 +38,12 @@ from jax import lax
 from onnx import numpy_helper
 
 from qtool.errors import QtoolError
-from qtool.finetune.fake_quant import fake_quant
+from qtool.finetune.fake_quant import fake_quant, fake_quant_bias
 
 HIGHEST = lax.Precision.HIGHEST
 FQ_DOMAIN = "qtool"
 FQ_NAME = "FakeQuant"
+FQ_BIAS_NAME = "FakeQuantBias"
 
 
 # --- the model, read once -------------------------------------------------------------------------
@@ -1295,6 +1296,14 @@ def _fake_quant(ctx, node, inputs):
     narrow = bool(node.attr("narrow_range", 0))
     return [fake_quant(jnp.asarray(x), jnp.asarray(mn), jnp.asarray(mx), num_bits, narrow,
                        bool(ctx.range_grad(node.name)))]
+
+
+@op(FQ_BIAS_NAME, domain=FQ_DOMAIN)
+def _fake_quant_bias(ctx, node, inputs):
+    b, scale = inputs
+    if not ctx.fake_quant:
+        return [b]
+    return [fake_quant_bias(jnp.asarray(b), jnp.asarray(scale), bool(node.attr("saturate", 1)))]
 
 
 # --- the interpreter ----------------------------------------------------------------------------------------------

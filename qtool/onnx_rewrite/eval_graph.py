@@ -27,7 +27,13 @@ beyond the rounding of an int32 bias:
 - **int32 biases**: the bias of a Conv/ConvTranspose/Gemm whose weight and
   input are quantized is stored as int32 with scale ``input_scale *
   weight_scale`` and zero point 0 (TFLite's bias encoding; onnxruntime only
-  fuses a QDQ Conv into QLinearConv with such a bias).
+  fuses a QDQ Conv into QLinearConv with such a bias): ``round_half_even(
+  float32(b / scale))``, saturated to int32 when the layer may run in 8-bit
+  kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
+  optimizations fuse MatMul + Add into a Gemm and quantize its float bias
+  that way themselves, so leaving it float made the results depend on the
+  optimization level. A qtool training graph models this rounding
+  (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
 weights are rounded offline by the kernels, so only activations can differ,
@@ -318,13 +324,14 @@ class EvalEncoder:
         rule = QuantizeBias(self)
         for match in self.plan.layers:
             layer = match.layer
-            if id(layer) not in self.weight_scales or layer_bias(layer) is None:
+            slot = bias_slot(layer, match.get("bias_add"))
+            if id(layer) not in self.weight_scales or slot is None:
                 continue  # no bias, or a layer whose weight qtool did not quantize
-            reason = rule.check(layer)
+            reason = rule.check(layer, slot)
             if reason is not None:
                 self.result.notes.append(f"layer '{layer.name}': bias left in float: {reason}")
                 continue
-            entry = rule.rewrite(layer)
+            entry = rule.rewrite(layer, slot)
             if entry is not None:
                 self.result.biases.append(entry)
 
@@ -341,6 +348,23 @@ class EvalEncoder:
         return self.result
 
 
+def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node, int] | None:
+    """Where a layer's bias is read: ``(node, input index)``. Conv/ConvTranspose/Gemm: their own bias
+    input; MatMul: the constant operand of its bias ``Add`` (the plan's ``bias_add`` step), which
+    onnxruntime's basic optimizations fuse into a Gemm whose float bias they quantize to int32 at
+    ``input_scale * weight_scale`` themselves (so it is rounded in the default session, not without
+    optimizations, unless the eval graph stores it as int32). None: no bias."""
+    if layer.op_type == "MatMul":
+        if bias_add is None or len(bias_add.inputs) != 2:
+            return None
+        for i, v in enumerate(bias_add.inputs):
+            if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:
+                return bias_add, i
+        return None
+    bias = layer_bias(layer)
+    return None if bias is None else (layer, 2)
+
+
 class QuantizeBias:
     """Rule: the bias of a Conv/ConvTranspose/Gemm whose input and weight are quantized becomes
     int32 with scale ``input_scale * weight_scale`` (per output channel) and zero point 0, TFLite's
@@ -355,10 +379,12 @@ class QuantizeBias:
         xp = x.producer() if x is not None else None
         return xp if xp is not None and xp.domain == "" and xp.op_type == DEQUANTIZE else None
 
-    def check(self, layer: ir.Node) -> str | None:
-        b = constant_array(layer_bias(layer))
+    def check(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> str | None:
+        b = constant_array(slot[0].inputs[slot[1]])
         if b is None or b.dtype != np.float32:
             return "it is not a float32 constant"
+        if layer.op_type == "MatMul" and (b.ndim < 1 or any(d != 1 for d in b.shape[:-1])):
+            return "the bias Add's constant is not one value per output (shape [..., 1, N])"
         xp = self._input_dq(layer)
         if xp is None:
             return "the layer's input is not quantized"
@@ -385,9 +411,10 @@ class QuantizeBias:
         x_scale = constant_array(self._input_dq(layer).inputs[1])
         return (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
 
-    def rewrite(self, layer: ir.Node) -> dict | None:
+    def rewrite(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> dict | None:
         enc = self.encoder
-        bias = layer_bias(layer)
+        reader, index = slot
+        bias = reader.inputs[index]
         b = constant_array(bias)
         b_scale = self.scale(layer, b.size)
         q, b_scale, factor, saturated = self._integers(layer, b, b_scale)
@@ -401,10 +428,11 @@ class QuantizeBias:
         zp_arr = np.zeros((), np.int32) if per_tensor else np.zeros(channels, np.int32)
         q_init = enc.initializer(f"{base}/quantized", q.reshape(b.shape))
         dq = dequantize_node(q_init, enc.initializer(f"{base}/scale", scale_arr),
-                             enc.initializer(f"{base}/zero_point", zp_arr), base, None if per_tensor else 0, b.shape)
+                             enc.initializer(f"{base}/zero_point", zp_arr), base,
+                             None if per_tensor else max(b.ndim - 1, 0), b.shape)
         enc.graph.insert_before(layer, dq)
         source = constant_source(bias)
-        layer.replace_input_with(2, dq.outputs[0])
+        reader.replace_input_with(index, dq.outputs[0])
         if source is not None:
             remove_if_unused(enc.graph, source.nodes, [source.root])
         err = float(np.max(np.abs(q.astype(np.float64) * b_scale - b.reshape(-1)))) if b.size else 0.0
@@ -417,7 +445,10 @@ class QuantizeBias:
 
     def _integers(self, layer: ir.Node, b: np.ndarray, b_scale: np.ndarray):
         """``(int32 values, scale, scale factor, saturated count)``; values None: bias left float."""
-        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
+        # float32 division, rounded half to even: exactly what a training graph's qtool::FakeQuantBias
+        # computes (Div, Round), so a trained bias deploys bit for bit
+        with np.errstate(over="ignore"):
+            q = np.rint(b.astype(np.float32).reshape(-1) / b_scale.astype(np.float32)).astype(np.float64)
         if not np.any(np.abs(q) > _INT32.max):
             return q.astype(np.int32), b_scale, 1, 0
         # The bias does not fit int32 at input_scale * weight_scale (16-bit grids make that scale
@@ -436,6 +467,7 @@ class QuantizeBias:
             return np.clip(q, -_INT32.max, _INT32.max).astype(np.int32), b_scale, 1, saturated
         # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the bias DQ may
         # have a coarser scale, a power-of-two multiple of the usual one.
+        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
         k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
         while True:
             scaled = (b_scale * np.float32(2**k)).astype(np.float32)

@@ -67,13 +67,16 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
     return convert_opset(model, target, " and ".join(why) or "quantization needs")
 
 
-def fold_and_plan(model: ir.Model, config: QuantConfig) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Name nodes, fold batch norms and plan the quantizers of ``model`` (in place)."""
+def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
+                  ) -> tuple[NameScope, FoldReport, QuantPlan]:
+    """Name nodes, fold batch norms and plan the quantizers of ``model`` (in place). ``trained``: the
+    model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic
+    (the deployed weights and biases are then bit for bit those it trained with)."""
     graph = model.graph
     name_unnamed_nodes(graph)
     check_exclude(graph, config.exclude, config.scope)
     names = NameScope(graph)
-    folds = fold_batch_norms(graph, names, exclude=config.exclude)
+    folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     return names, folds, plan_quantization(graph, config)
 
 
@@ -86,7 +89,7 @@ def prepare_eval(model: ir.Model, config: QuantConfig, label: str = "<model>") -
         config, warnings = contract_config(config, trained.contract)
     opset_in, ir_in = default_opset(model), model.ir_version
     model = raise_opset(model, config)
-    names, folds, plan = fold_and_plan(model, config)
+    names, folds, plan = fold_and_plan(model, config, trained=trained is not None)
     return EvalGraph(model, config, names, folds, plan, trained, opset_in, ir_in, warnings)
 
 

@@ -34,6 +34,20 @@ with rank >= 1 is ``fake_quant_with_min_max_vars_per_channel``, which
 some inputs. ``min == max == 0`` gives zeros (as the kernels do), and so does
 a range too small for a normal float32 scale (``max - min < (qmaxf - qminf) *
 FLT_MIN``), where TF's arithmetic overflows ``inv_scale`` and gives NaN.
+
+``qtool::FakeQuantBias(b, scale)`` (attribute ``saturate``, 0/1) is the
+deployed model's int32 bias in float: the eval graph stores a Conv/Gemm bias
+as ``q = round_half_even(float32(b / scale))`` with ``scale = input_scale *
+weight_scale`` (per output channel) and reads it back with a
+DequantizeLinear, so the training graph adds ``q * scale`` instead of ``b``::
+
+    q = Round(b / scale)                     # ONNX Round: half to even, as np.rint
+    q = Clip(q, -2**31, 2**31)               # saturate=1: int32 saturation (8-bit kernels)
+    y = q * scale
+    y = b wherever any scale is 0, inf or NaN (the eval graph leaves such a bias in float)
+
+The straight-through estimator makes its gradient the identity for ``b``
+and zero for ``scale`` (``qtool.finetune.fake_quant.fake_quant_bias``).
 """
 
 from __future__ import annotations
@@ -46,6 +60,8 @@ from qtool.model.opset import default_opset
 
 DOMAIN = "qtool"
 NAME = "FakeQuant"
+BIAS_NAME = "FakeQuantBias"
+INT32_BOUND = float(np.float32(np.iinfo(np.int32).max))  # 2**31: int32's largest value as float32 rounds to it
 DOMAIN_VERSION = 1
 MIN_OPSET = 13  # Constant(value_int), GreaterOrEqual (12); per-channel QDQ in the eval graph (13)
 
@@ -144,6 +160,57 @@ def _body() -> list[onnx.NodeProto]:
     ]
 
 
+def _bias_body() -> list[onnx.NodeProto]:
+    n = helper.make_node
+    f = TensorProto.FLOAT
+
+    def const_float(name, v):
+        return n("Constant", [], [name], value=helper.make_tensor(name, f, [], [v]))
+
+    sat_ref = helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="saturate")
+    saturate = n("Constant", [], ["saturate_i64"])
+    saturate.attribute.append(sat_ref)
+    return [
+        saturate,
+        n("Cast", ["saturate_i64"], ["saturate_bool"], to=TensorProto.BOOL),
+        const_float("zero", 0.0),
+        const_float("one", 1.0),
+        const_float("inf", float("inf")),
+        const_float("low", -INT32_BOUND),
+        const_float("high", INT32_BOUND),
+        n("Div", ["b", "scale"], ["levels_raw"]),
+        n("Round", ["levels_raw"], ["levels"]),  # half to even, as the eval graph's np.rint
+        n("Clip", ["levels", "low", "high"], ["levels_clipped"]),
+        n("Where", ["saturate_bool", "levels_clipped", "levels"], ["levels_int32"]),
+        n("Mul", ["levels_int32", "scale"], ["quantized"]),
+        # a scale of 0, inf or NaN anywhere: the eval graph leaves the bias in float
+        n("Greater", ["scale", "zero"], ["positive"]),
+        n("Less", ["scale", "inf"], ["finite"]),
+        n("And", ["positive", "finite"], ["usable"]),
+        n("Cast", ["usable"], ["usable_f"], to=f),
+        n("ReduceMin", ["usable_f"], ["all_usable_f"], keepdims=0),
+        n("Equal", ["all_usable_f", "one"], ["all_usable"]),
+        n("Where", ["all_usable", "quantized", "b"], ["y"]),
+    ]
+
+
+def bias_function_proto(opset: int) -> onnx.FunctionProto:
+    """The ``qtool::FakeQuantBias`` FunctionProto, importing the standard ops at ``opset``."""
+    fn = helper.make_function(
+        DOMAIN,
+        BIAS_NAME,
+        inputs=["b", "scale"],
+        outputs=["y"],
+        nodes=_bias_body(),
+        opset_imports=[helper.make_opsetid("", int(opset))],
+        attributes=[],
+        doc_string="The deployed int32 bias in float: Round(b / scale) [clipped to int32] * scale, "
+        "scale = input_scale * weight_scale.",
+    )
+    fn.attribute_proto.append(helper.make_attribute("saturate", 1))
+    return fn
+
+
 def function_proto(opset: int) -> onnx.FunctionProto:
     """The ``qtool::FakeQuant`` FunctionProto, importing the standard ops at ``opset``."""
     fn = helper.make_function(
@@ -170,12 +237,18 @@ def fake_quant_function(opset: int):
 
 
 def add_fake_quant_function(model) -> None:
-    """Add the function and the ``qtool`` opset import to an ``onnx_ir.Model``."""
+    """Add the function (and ``qtool::FakeQuantBias`` when a node uses it) and the ``qtool`` opset
+    import to an ``onnx_ir.Model``."""
+    import onnx_ir as ir
+
     opset = default_opset(model)
     if opset < MIN_OPSET:
         raise ValueError(f"qtool::FakeQuant needs opset >= {MIN_OPSET}, the model has {opset}")
     fn = fake_quant_function(opset)
     model.functions[fn.identifier()] = fn
+    if any(n.domain == DOMAIN and n.op_type == BIAS_NAME for n in model.graph.all_nodes()):
+        bias_fn = ir.serde.deserialize_function(bias_function_proto(opset))
+        model.functions[bias_fn.identifier()] = bias_fn
     model.opset_imports[DOMAIN] = DOMAIN_VERSION
     model.ir_version = max(model.ir_version, 9)  # model-local functions with attribute defaults
 

@@ -8,8 +8,11 @@ scale ``gamma``, shift ``beta`` and ``epsilon``::
     b' = (b - mean) * s + beta
 
 so ``y = layer(x, w') + b'``. The arithmetic runs in float64 and is cast to
-the weight's type once, and the results are new initializers (no arithmetic
-nodes are left in the graph). A weight shared with other nodes is not
+the weight's type once (``float32=True``: in float32, operation by operation
+as a qtool training graph computes its frozen fold, so that a trained graph
+deploys with the weights and biases it was trained with, bit for bit), and
+the results are new initializers (no arithmetic nodes are left in the
+graph). A weight shared with other nodes is not
 modified: the folded layer gets its own copy.
 
 Layouts (see ``patterns``): Conv scales axis 0, Gemm ``transB=1`` axis 0,
@@ -123,10 +126,11 @@ class FoldBatchNorm:
     name = "fold-batch-norm"
     pattern = BN_FOLD
 
-    def __init__(self, graph: ir.Graph, names: NameScope):
+    def __init__(self, graph: ir.Graph, names: NameScope, float32: bool = False):
         self.graph = graph
         self.view = GraphView(graph)
         self.names = names
+        self.float32 = float32
 
     def check(self, match: Match) -> str | None:
         """None when the match can be folded, else the reason it cannot."""
@@ -187,26 +191,32 @@ class FoldBatchNorm:
         w = constant_array(old_weight)
         channels = output_channels(layer, w)
         rank = _output_rank(layer, w, self.view) or 2
-        gamma, beta, mean, var = (constant_array(v).astype(np.float64).reshape(-1) for v in bn.inputs[1:5])
+        ftype = np.float32 if self.float32 else np.float64
+        gamma, beta, mean, var = (constant_array(v).astype(ftype).reshape(-1) for v in bn.inputs[1:5])
         eps = float_attr(bn, "epsilon", 1e-5)
-        s = gamma / np.sqrt(var + np.float64(np.float32(eps)))
+        s = gamma / np.sqrt(var + ftype(np.float32(eps)))
 
         w_new = _fold_weight(layer, w, s)
 
         # The bias before the batch norm: the layer's own, plus a bias Add's constant.
-        b = np.zeros(channels, np.float64)
+        b = None
         old_bias = None
         if op in ("Conv", "ConvTranspose", "Gemm") and len(layer.inputs) > 2 and layer.inputs[2] is not None:
             old_bias = layer.inputs[2]
             c = constant_array(old_bias)
             if op == "Gemm":
-                c = _channel_vector(c, channels, 2) * float_attr(layer, "beta", 1.0)
-            b = b + c.astype(np.float64).reshape(channels)
+                c = _channel_vector(c, channels, 2).astype(ftype)
+                beta_attr = float_attr(layer, "beta", 1.0)
+                if beta_attr != 1.0 or not self.float32:
+                    c = c * ftype(beta_attr)
+            b = c.astype(ftype).reshape(channels)
         add_const = None
         if bias_add is not None:
             add_const = other_input(bias_add, match_input(match), self.view)
-            b = b + _channel_vector(constant_array(add_const), channels, rank)
-        b_new = (b - mean) * s + beta
+            c = _channel_vector(constant_array(add_const), channels, rank).astype(ftype)
+            b = c if b is None else b + c
+        # the training fold's float32 order: (b - mean) * s + beta, -mean without a bias
+        b_new = ((-mean if b is None else b - mean) * s + beta).astype(ftype)
 
         ctx = context_of(layer.name or op)
         dtype = w.dtype
@@ -286,13 +296,15 @@ def match_input(match: Match) -> ir.Value:
     return match.nodes["layer"].outputs[0]
 
 
-def fold_batch_norms(graph: ir.Graph, names: NameScope | None = None, exclude=frozenset()) -> FoldReport:
+def fold_batch_norms(graph: ir.Graph, names: NameScope | None = None, exclude=frozenset(),
+                     float32: bool = False) -> FoldReport:
     """Fold every foldable BatchNormalization; report the others with reasons.
 
-    Batch norms named in ``exclude`` stay as they are.
+    Batch norms named in ``exclude`` stay as they are. ``float32``: the training graph's arithmetic
+    (for a graph that was trained with qtool's training fold), else float64 rounded once.
     """
     names = names or NameScope(graph)
-    rule = FoldBatchNorm(graph, names)
+    rule = FoldBatchNorm(graph, names, float32)
     folded: list[FoldRecord] = []
     reasons: dict[int, str] = {}
     for node in list(graph):

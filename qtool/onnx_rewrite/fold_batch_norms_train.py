@@ -7,11 +7,10 @@ the training graph computes, every step (all float32, in graph ops)::
     raw          = layer(x, w)                      # the unfolded layer, no bias
     mu_b, var_b  = mean, population variance of raw over all axes but channels
     w_fold       = w * gamma / sigma_mv             # what the weight quantizer sees
-    out          = layer(x, fq(w_fold)) * correction_recip + correction_offset + bias
+    out          = layer(x, fq(w_fold)) * correction_recip + bias
     bias         = beta - mu_b * gamma / sigma_b
-    before freeze_bn_delay:  correction_recip = sigma_mv / sigma_b, correction_offset = 0
-    after:                   correction_recip = 1,
-                             correction_offset = gamma * (mu_b / sigma_b - m_mv / sigma_mv)
+    before freeze_bn_delay:  correction_recip = sigma_mv / sigma_b
+    after:                   correction_recip = 1, bias = (b - mu_mv) * (gamma / sigma_mv) + beta
     mu_mv'  = momentum * mu_mv  + (1 - momentum) * (mu_b + b)      (frozen after the delay)
     var_mv' = momentum * var_mv + (1 - momentum) * var_b
 
@@ -21,9 +20,18 @@ moving mean, which includes ``b``, is compared with ``mu_b`` after removing
 it. This is TF's graph (``fold_batch_norms._FoldFusedBatchNorms`` and
 ``_ComputeBatchNormCorrections``, whose layers carry no bias); with ``b = 0``
 it is the same formula. After the freeze the output is
-``layer(x, fq(w_fold)) + beta + (b - mu_mv) * gamma / sigma_mv``: the eval
-fold. The unfolded layer is computed twice, as in TF: once for the batch
-statistics with the float weight, once with the quantized folded weight.
+``layer(x, fq(w_fold)) + (b - mu_mv) * (gamma / sigma_mv) + beta``: the eval
+fold, and computed as the eval fold of a training graph computes it (float32,
+same operations in the same order), so the deployed weights and biases are
+bit for bit what the training graph quantizes. TF writes the frozen bias as
+``gamma * (mu_b / sigma_b - m_mv / sigma_mv) + beta - mu_b * gamma /
+sigma_b``: the same value and gradients in exact arithmetic, but in float32
+it depends on the batch (its rounding error does), and a bias that differs
+from the deployed one in its last bits can round to another int32 step. ``TrainFold.bias`` is the
+``[C]`` bias vector the fold adds (where the training rewrite puts the
+deployed bias rounding, ``qtool::FakeQuantBias``). The unfolded layer is
+computed twice, as in TF: once for the batch statistics with the float
+weight, once with the quantized folded weight.
 
 The rule matches what the eval fold matches (``patterns.BN_FOLD``) and uses
 its checks (:meth:`FoldBatchNorm.check`), so both graphs fold the same batch
@@ -57,6 +65,7 @@ class TrainFold:
     state: dict[str, str] = field(default_factory=dict)  # role -> state initializer name
     record: dict = field(default_factory=dict)  # for metadata: how to restore the float graph
     updates: dict[str, ir.Value] = field(default_factory=dict)  # state name -> its updated value
+    bias: ir.Value | None = None  # the [C] bias vector added after the layer (read by one Reshape)
 
 
 def train_fold_reason(match: Match, rule: FoldBatchNorm) -> str | None:
@@ -147,7 +156,7 @@ class TrainFolder:
         mean_mv = ops.state(f"{ctx}/BatchNorm/moving_mean", constant_array(bn.inputs[3]).reshape(c))
         var_mv = ops.state(f"{ctx}/BatchNorm/moving_variance", constant_array(bn.inputs[4]).reshape(c))
         b_vec = self._bias(f, match, params)
-        result = self._fold(f, mu_b, var_b, mean_mv, var_mv, b_vec)
+        result, bias = self._fold(f, mu_b, var_b, mean_mv, var_mv, b_vec)
         new_mean, new_var = self._moving_statistics(f, mu_b, var_b, mean_mv, var_mv, b_vec)
         self._replace_batch_norm(f, result)
         record.update(moving_mean=mean_mv.name, moving_variance=var_mv.name)
@@ -156,6 +165,7 @@ class TrainFolder:
             state={"moving_mean": mean_mv.name, "moving_variance": var_mv.name},
             record=record,
             updates={mean_mv.name: new_mean, var_mv.name: new_var},
+            bias=bias,
         )
 
     def _record(self, f: _Fold) -> dict:
@@ -223,7 +233,7 @@ class TrainFolder:
             return ops.op("Add", biases, f"{prefix}/bias_sum")
         return biases[0] if biases else None
 
-    def _fold(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> ir.Value:
+    def _fold(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
         """The corrected output; the layer now reads the folded weight (which the weight quantizer
         fake-quantizes)."""
         ops, layer, prefix, bn = self.ops, f.layer, f.prefix, f.bn
@@ -238,19 +248,15 @@ class TrainFolder:
         recip = ops.op("Div", [sigma_mv, sigma_b], f"{prefix}/correction_recip_compute")
         gamma_over_sb = ops.op("Div", [gamma_v, sigma_b], f"{prefix}/gamma_over_sigma_batch")
         bias = ops.op("Sub", [beta_v, ops.op("Mul", [mu_b, gamma_over_sb], f"{prefix}/mean_times_scale")], f"{prefix}/bias")
-        m_mv = mean_mv if b_vec is None else ops.op("Sub", [mean_mv, b_vec], f"{prefix}/moving_mean_without_bias")
         if self.frozen is not None:
-            offset = ops.op(
-                "Mul",
-                [gamma_v, ops.op("Sub", [ops.op("Div", [mu_b, sigma_b], f"{prefix}/batch_ratio"),
-                                         ops.op("Div", [m_mv, sigma_mv], f"{prefix}/moving_ratio")], f"{prefix}/ratio_diff")],
-                f"{prefix}/offset_compute",
-            )
+            # the eval fold's bias, (b - mu_mv) * multiplier + beta, in its float32 operations
+            centered = (ops.op("Neg", [mean_mv], f"{prefix}/moving_mean_negated") if b_vec is None
+                        else ops.op("Sub", [b_vec, mean_mv], f"{prefix}/bias_minus_moving_mean"))
+            frozen_bias = ops.op("Add", [ops.op("Mul", [centered, multiplier], f"{prefix}/moving_mean_times_scale"),
+                                         beta_v], f"{prefix}/frozen_bias")
             one = ops.const(f"{prefix}/one", np.ones(f.channels, np.float32))
-            zero = ops.const(f"{prefix}/zero", np.zeros(f.channels, np.float32))
             recip = ops.op("Where", [self.frozen, one, recip], f"{prefix}/correction_recip")
-            offset = ops.op("Where", [self.frozen, offset, zero], f"{prefix}/correction_offset")
-            bias = ops.op("Add", [offset, bias], f"{prefix}/offset_plus_bias")
+            bias = ops.op("Where", [self.frozen, frozen_bias, bias], f"{prefix}/folded_bias")
         # the layer now computes layer(x, w_fold) without bias; the weight quantizer goes on w_fold
         layer.replace_input_with(1, w_fold)
         if len(layer.inputs) > 2:
@@ -261,7 +267,7 @@ class TrainFolder:
         scaled = ops.op("Mul", [layer.outputs[0], ops.reshape(recip, out_shape, f"{prefix}/correction_recip_shaped")],
                         f"{prefix}/post_conv_mul")
         result = ops.op("Add", [scaled, ops.reshape(bias, out_shape, f"{prefix}/bias_shaped")], f"{prefix}/add_fold")
-        return result
+        return result, bias
 
     def _moving_statistics(self, f: _Fold, mu_b, var_b, mean_mv, var_mv, b_vec) -> tuple[ir.Value, ir.Value]:
         """``mv_new = momentum * mv + (1 - momentum) * batch``, held after the freeze."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
@@ -76,9 +77,22 @@ class TrainActivationPoint:
 
 
 @dataclass
+class TrainBiasPoint:
+    name: str  # quantizer name, e.g. conv1/bias_quant
+    layer: ir.Node
+    bias: ir.Value  # the bias the layer adds (a [C] vector)
+    uses: list  # (node, input index) that read it
+    channels: int
+    per_channel: bool = True  # one weight scale per output-channel-axis entry (else one per tensor)
+    groups: int = 1  # a grouped ConvTranspose repeats its weight scales per group
+    saturate: bool = True  # int32 saturation (the eval graph's rule when 8-bit kernels may run the layer)
+
+
+@dataclass
 class TrainEncoding:
     weights: list[dict] = field(default_factory=list)
     activations: list[dict] = field(default_factory=list)
+    biases: list[dict] = field(default_factory=list)
     state: dict[str, str] = field(default_factory=dict)  # state -> updated output
     left_in_float: list[dict] = field(default_factory=list)
 
@@ -175,6 +189,47 @@ class TrainEncoder:
                 "bits": cfg.weight_bits,
                 "symmetric": symmetric,
             })
+
+    # --- biases ------------------------------------------------------------------------------------
+    def _scale(self, fq: ir.Node, base: str) -> ir.Value:
+        """The scale a FakeQuant node quantizes with, ``(max - min) / (qmax - qmin)`` in its function's
+        float32 operations, 1 where that is not a normal float32 (as the eval graph's parameters)."""
+        ops = self.ops
+        bits = fq.attributes["num_bits"].as_int() if "num_bits" in fq.attributes else 8
+        narrow = fq.attributes["narrow_range"].as_int() if "narrow_range" in fq.attributes else 0
+        qrange = ops.const(f"{base}/levels", np.float32((2**bits - 1) - (1 if narrow else 0)))
+        raw = ops.op("Div", [ops.op("Sub", [fq.inputs[2], fq.inputs[1]], f"{base}/range"), qrange], f"{base}/raw")
+        tiny = ops.op("Less", [raw, ops.const(f"{base}/flt_min", np.finfo(np.float32).tiny)], f"{base}/degenerate",
+                      dtype=ir.DataType.BOOL)
+        return ops.op("Where", [tiny, ops.const(f"{base}/one", np.float32(1.0)), raw], base)
+
+    def encode_bias(self, point: TrainBiasPoint, x_fq: ir.Node, w_fq: ir.Node) -> None:
+        """The deployed int32 bias in float: ``qtool::FakeQuantBias(b, input_scale * weight_scale)`` with
+        the scales of the FakeQuant nodes on the layer's input and weight (the input's range as updated
+        by this batch, as its FakeQuant uses it)."""
+        ops = self.ops
+        base = ops.names.prefix(point.name)
+        s_in = self._scale(x_fq, f"{base}/input_scale")
+        s_w = self._scale(w_fq, f"{base}/weight_scale")
+        if point.per_channel:
+            s_w = ops.reshape(s_w, [-1], f"{base}/weight_scale_vector")
+            if point.groups > 1:
+                repeats = ops.const(f"{base}/groups", np.asarray([point.groups], np.int64), np.int64)
+                s_w = ops.op("Tile", [s_w, repeats], f"{base}/weight_scale_per_output")
+        b_scale = ops.op("Mul", [s_in, s_w], f"{base}/scale")
+        q = ops.op(fqf.BIAS_NAME, [point.bias, b_scale], f"{base}/FakeQuantBias",
+                   {"saturate": int(point.saturate)}, domain=fqf.DOMAIN, shape=point.bias.shape)
+        if self.active is not None:
+            q = ops.op("Where", [self.active, q, point.bias], f"{base}/delayed_quant", shape=point.bias.shape)
+        for node, index in point.uses:
+            node.replace_input_with(index, q)
+        self.result.biases.append({
+            "quantizer": base,
+            "layer": point.layer.name,
+            "input": point.bias.name,
+            "output": q.name,
+            "saturate": bool(point.saturate),
+        })
 
     # --- activations -------------------------------------------------------------------------------
     def encode_activation(self, point: TrainActivationPoint) -> None:
@@ -296,6 +351,7 @@ _BATCH_NORM_KEYS = {"name": _STR, "layer": _STR, "prefix": _STR, "output": _STR,
                     "moving_variance": _STR, "epsilon": _NUM, "momentum": _NUM, "gemm_beta": _OPT_NUM,
                     "bias_add": (dict, type(None))}
 _BIAS_ADD_KEYS = {"name": _STR, "inputs": (list,), "output": _STR}
+_BIAS_QUANT_KEYS = {"quantizer": _STR, "layer": _STR, "input": _STR, "output": _STR}
 
 
 def _check_fields(entry, keys: dict, where: str) -> None:
@@ -330,6 +386,10 @@ def check_contract(contract: dict, model: ir.Model | None = None) -> None:
     for i, q in enumerate(contract["weight_quantizers"]):
         _check_fields(q, _WEIGHT_KEYS, f"weight quantizer {i}")
         _check_strings(q["layers"], f"'layers' of weight quantizer {i}")
+    if not isinstance(contract.get("bias_quantizers", []), list):
+        raise QtoolError("the 'qtool.training' contract is garbled: 'bias_quantizers' is not a list")
+    for i, q in enumerate(contract.get("bias_quantizers", [])):
+        _check_fields(q, _BIAS_QUANT_KEYS, f"bias quantizer {i}")
     for i, b in enumerate(contract["batch_norms"]):
         _check_fields(b, _BATCH_NORM_KEYS, f"batch norm {i}")
         _check_strings(b["layer_inputs"], f"'layer_inputs' of batch norm {i}", empty_ok=True)
@@ -385,6 +445,11 @@ def _check_contract_names(contract: dict, graph: ir.Graph) -> None:
         for layer in q["layers"]:
             if layer not in nodes:
                 raise missing("the layer", layer)
+    for q in contract.get("bias_quantizers", []):
+        need_value(q["input"])
+        need_value(q["output"])
+        if q["layer"] not in nodes:
+            raise missing("the layer", q["layer"])
     for b in contract["batch_norms"]:
         if b["layer"] not in nodes:
             raise missing("the layer", b["layer"])
@@ -420,6 +485,23 @@ def foreign_training_state(model: ir.Model) -> str | None:
         if name.endswith(("/act_quant/min", "/act_quant/max", "/weights_quant/min", "/weights_quant/max")):
             return f"initializer '{name}' is quantization state of another tool (TensorFlow-style range variable)"
     return None
+
+
+def held_ranges(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of a training graph whose activation ranges do not move with the batch it runs on: every
+    EMA update's decay term (``<quantizer>/decay``, ``1 - ema_decay``) is 0, so the FakeQuant nodes use
+    the stored ranges, which are what ``rewrite-eval`` deploys with. For evaluating a training graph
+    against its deployed model; the copy is not for training (its ranges never learn from data)."""
+    held = onnx.ModelProto()
+    held.CopyFrom(model)
+    props = {p.key: p.value for p in held.metadata_props}
+    if METADATA_KEY not in props:
+        raise QtoolError("the model is not a qtool training graph (no 'qtool.training' metadata)")
+    quantizers = {q["quantizer"] for q in json.loads(props[METADATA_KEY]).get("activation_quantizers", [])}
+    for t in held.graph.initializer:
+        if t.name.endswith("/decay") and t.name[: -len("/decay")] in quantizers:
+            t.CopyFrom(numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
+    return held
 
 
 def metadata_json(contract: dict) -> str:
@@ -515,7 +597,9 @@ def _strip(model: ir.Model, contract: dict) -> TrainedState:
         hi = graph.initializers[q["max"]].const_value.numpy()
         ranges[q["tensor"]] = (float(lo), float(hi))
     # quantizers: readers read the float tensor again; graph outputs get their names back
-    for q in list(contract["activation_quantizers"]) + list(contract["weight_quantizers"]):
+    quantizers = (list(contract["activation_quantizers"]) + list(contract["weight_quantizers"])
+                  + list(contract.get("bias_quantizers", [])))
+    for q in quantizers:
         prefixes.add(q["quantizer"])
         out, inp = value(q["output"]), value(q["input"])
         was_output = out.is_graph_output()

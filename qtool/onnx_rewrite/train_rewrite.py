@@ -24,13 +24,16 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig, TrainSchedule
 from qtool.errors import QtoolError
-from qtool.model.constants import constant_source, contiguous, root_array
+from qtool.model.constants import constant_array, constant_source, contiguous, root_array
 from qtool.model.io import clamp_ir_version
-from qtool.model.layers import layer_bias, weight_rank
-from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
+                                weight_rank)
+from qtool.model.names import NameScope, context_of, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
+from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
+from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
@@ -228,6 +231,76 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
             shares, key, batch))
 
 
+def _fake_quant_of(value: ir.Value | None) -> ir.Node | None:
+    """The qtool::FakeQuant node whose output ``value`` is (through a quant-delay Where), or None."""
+    node = value.producer() if value is not None else None
+    if node is not None and node.domain == "" and node.op_type == "Where" and len(node.inputs) == 3:
+        node = node.inputs[1].producer() if node.inputs[1] is not None else None
+    if node is not None and node.domain == fqf.DOMAIN and node.op_type == fqf.NAME:
+        return node
+    return None
+
+
+def _deployed_int32_bias(layer: ir.Node, slot, axis: int | None) -> bool:
+    """Whether ``rewrite-eval`` stores the bias of ``layer`` (in the eval-folded copy, its weight quantized)
+    as int32: ``eval_graph.QuantizeBias.check``'s conditions that do not depend on the encoded graph."""
+    b = constant_array(slot[0].inputs[slot[1]])
+    if b is None or b.dtype != np.float32:
+        return False
+    if layer.op_type == "Gemm" and (float_attr(layer, "beta", 1.0) != 1.0 or b.ndim != 1):
+        return False
+    if layer.op_type == "MatMul" and (b.ndim < 1 or any(d != 1 for d in b.shape[:-1])):
+        return False
+    w = constant_array(layer_weight(layer))
+    if w is None:
+        return False
+    scales = np.zeros(1 if axis is None else w.shape[axis], np.float32)
+    return per_output_channel(layer, scales, b.size) is not None
+
+
+def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[TrainFold]) -> None:
+    """``qtool::FakeQuantBias`` on the bias of each layer whose bias the eval graph stores as int32 (its input
+    and weight quantized): the training graph adds the deployed bias. A folded layer's bias is the fold's
+    bias vector; a layer folded by the eval rewrite only (grouped ConvTranspose) is left alone."""
+    config = prepared.config
+    nodes = {n.name: n for n in prepared.model.graph}
+    folded = {f.layer.name: f for f in folds}
+    eval_only = {r.layer for r in prepared.eval_folds.folded} - set(folded)
+    axes = {layer.name: point.axis for point in prepared.plan.new_weights() for layer in point.layers}
+    # QuantizeBias saturates to int32 where onnxruntime may fuse 8-bit integer kernels
+    saturate = config.activation_bits <= 8 and config.weight_bits <= 8 and config.weight_bits != 4
+    for match in prepared.plan.layers:
+        planned = match.layer
+        layer = nodes.get(planned.name)
+        if layer is None or planned.name not in axes or planned.name in eval_only:
+            continue
+        slot = bias_slot(planned, match.get("bias_add"))
+        if slot is None or not _deployed_int32_bias(planned, slot, axes[planned.name]):
+            continue
+        x_fq, w_fq = _fake_quant_of(layer_input(layer)), _fake_quant_of(layer_weight(layer))
+        if x_fq is None or w_fq is None or (x_fq.inputs[1].shape is not None and len(x_fq.inputs[1].shape)):
+            continue  # the input is not quantized (one scale per tensor), or the weight is not
+        fold = folded.get(layer.name)
+        if fold is not None:
+            bias, uses = fold.bias, list(fold.bias.uses())
+        elif layer.op_type == "MatMul":  # the constant operand of its bias Add
+            add = nodes.get(slot[0].name)
+            if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+                continue
+            index = slot[1]
+            bias, uses = add.inputs[index], [(add, index)]
+        else:
+            bias = layer_bias(layer)
+            if bias is None:
+                continue
+            uses = [(layer, 2)]  # Conv, ConvTranspose and Gemm read their bias as input 2
+        channels = int(np.size(constant_array(slot[0].inputs[slot[1]])))
+        groups = group_of(layer) if layer.op_type == "ConvTranspose" else 1
+        point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
+                                  channels, axes[planned.name] is not None, groups, saturate)
+        encoder.encode_bias(point, x_fq, w_fq)
+
+
 def _concat_output(point) -> bool:
     return point.producer is not None and point.producer.domain == "" and point.producer.op_type == "Concat"
 
@@ -269,6 +342,7 @@ def encode_train(prepared: TrainGraph, schedule: TrainSchedule, ranges: dict) ->
     _encode_weights(prepared, encoder, params)
     _encode_recurrent(prepared, encoder, params)
     _encode_activations(prepared, encoder, ranges, left)
+    _encode_biases(prepared, encoder, folds)
     updates = {}
     for fold in folds:
         updates.update(fold.updates)
@@ -288,6 +362,7 @@ def encode_train(prepared: TrainGraph, schedule: TrainSchedule, ranges: dict) ->
                     "freeze_bn_delay": schedule.freeze_bn_delay},
         "activation_quantizers": encoder.result.activations,
         "weight_quantizers": encoder.result.weights,
+        "bias_quantizers": encoder.result.biases,
         "batch_norms": [f.record for f in folds],
     }
     model.metadata_props[tg.METADATA_KEY] = tg.metadata_json(contract)

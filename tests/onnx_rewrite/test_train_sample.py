@@ -71,7 +71,7 @@ def test_sample_training_graph_is_valid_and_complete(trained):
     assert summary["counts"]["activations_quantized"] == 10
     assert {a["range_source"] for a in summary["activations"]} == {"calibration", "carried"}
     assert not any(n.op_type in ("BatchNormalization", "Constant") and n.output[0].startswith("bn") for n in model.graph.node)
-    assert sum(1 for n in model.graph.node if n.domain == DOMAIN) == 15  # 5 weights, 10 activations
+    assert sum(1 for n in model.graph.node if n.domain == DOMAIN) == 20  # 5 weights, 10 activations, 5 biases
     c = trained["contract"]
     assert c["step_input"] == "qtool_step" and c["quant_delay"] == 5 and c["freeze_bn_delay"] == 10
     assert len(c["state"]) == 2 * 4 + 2 * 8  # 4 BNs, 8 activation ranges (carried quantizers share theirs)
