@@ -124,7 +124,7 @@ def test_lstm_training_graph_matches_onnxruntime():
 def test_torch_exported_tagger_matches_onnxruntime():
     """torch's export of a 2-layer bidirectional LSTM and a GRU (linear_before_reset=1, initial states from
     Shape/ConstantOfShape): the JAX forward equals onnxruntime's within float32 rounding."""
-    path = Path(__file__).resolve().parents[1] / "data" / "exported" / "torch_rnn_tagger.onnx"
+    path = Path(__file__).resolve().parents[1] / "data" / "recurrent" / "torch_rnn_tagger.onnx"
     x = np.load(path.with_suffix(".npz"))["x"]
     model = onnx.load(path)
     want = onnxruntime_run(model, {"x": x})[0]

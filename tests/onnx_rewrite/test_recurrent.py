@@ -211,11 +211,11 @@ def test_training_graph_quantizes_lstm_weights_on_the_deployed_grid():
         np.testing.assert_array_equal(fake_quantized, deq)
 
 
-EXPORTED = Path(__file__).resolve().parents[1] / "data" / "exported" / "torch_rnn_tagger.onnx"
+EXPORTED = Path(__file__).resolve().parents[1] / "data" / "recurrent" / "torch_rnn_tagger.onnx"
 
 
 def test_torch_exported_tagger():
-    """torch's export (tests/data/exported/make_rnn.py): a 2-layer bidirectional LSTM (two ONNX LSTMs)
+    """torch's export (tests/data/recurrent/make_rnn.py): a 2-layer bidirectional LSTM (two ONNX LSTMs)
     becomes two DynamicQuantizeLSTM; its GRU stays float with the reason; logits within 2% of float."""
     x = np.load(EXPORTED.with_suffix(".npz"))["x"]
     result = qtool.rewrite_eval(str(EXPORTED), calibration_data={"x": x})

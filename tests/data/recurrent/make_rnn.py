@@ -1,6 +1,6 @@
 """A tiny recurrent tagger exported by torch the way the zoo's is, for the LSTM/GRU tests.
 
-    /work/venv-torch/bin/python tests/data/exported/make_rnn.py
+    /work/venv-torch/bin/python tests/data/recurrent/make_rnn.py
 
 ``torch_rnn_tagger.onnx``: x [batch, 12, 6] -> nn.LSTM(6, 8, num_layers=2, bidirectional=True,
 batch_first=True) -> nn.GRU(16, 5, batch_first=True) -> nn.Linear(5, 3) per frame;
