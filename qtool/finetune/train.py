@@ -113,6 +113,7 @@ class _Roles:
     data_outputs: list[str]
     quant_delay: int
     freeze_bn_delay: int | None
+    range_update: str | None = None  # the input that holds the activation ranges when fed 0 (validation)
 
 
 def _roles(contract: dict, interp: Interpreter) -> _Roles:
@@ -139,7 +140,11 @@ def _roles(contract: dict, interp: Interpreter) -> _Roles:
     data_outputs = [o for o in interp.output_names if o not in updated]
     if not data_outputs:
         raise QtoolError(f"{interp.label}: the graph has no output besides its state updates")
-    return _Roles(step_input, state, parameters, ranges, weight_prefixes, data_outputs, quant_delay, freeze)
+    range_update = contract.get("range_update_input")
+    if range_update is not None and range_update not in interp.feedable:
+        raise QtoolError(f"{interp.label}: the range-update input '{range_update}' is not a graph input with a default")
+    return _Roles(step_input, state, parameters, ranges, weight_prefixes, data_outputs, quant_delay, freeze,
+                  range_update)
 
 
 # --- losses and metrics -------------------------------------------------------------------------------
@@ -468,8 +473,11 @@ def _build_validator(run: _Run, val: _Data) -> _Validator:
     forward, data_outputs, roles = run.forward, run.roles.data_outputs, run.roles
     eval_step_value = max(run.start_step, roles.quant_delay, roles.freeze_bn_delay or 0, _TEACHER_STEP)
 
+    # validation computes what rewrite-eval deploys: the stored ranges, not ranges moved by this batch
+    held = {} if roles.range_update is None else {roles.range_update: jnp.float32(0.0)}
+
     def eval_outputs(params, state, batch):
-        q = forward({**state, **params}, batch, jnp.int32(eval_step_value), True)
+        q = forward({**state, **params, **held}, batch, jnp.int32(eval_step_value), True)
         return [q[o] for o in data_outputs]
 
     eval_jit = jax.jit(eval_outputs)

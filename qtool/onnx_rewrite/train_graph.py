@@ -50,6 +50,9 @@ from qtool.model.validate import check_finite_parameters
 METADATA_KEY = "qtool.training"
 CONTRACT_VERSION = 1
 STEP_INPUT = "qtool_step"
+# a float scalar input, 1 by default (an initializer of the same name): the share of each batch's range that
+# the activation ranges take in; 0 holds them (evaluation: the graph then computes what rewrite-eval deploys)
+RANGE_UPDATE_INPUT = "qtool_range_update"
 UPDATED_SUFFIX = ":updated"
 EMA_DECAY = 0.999
 SHARED_PREFIX = "qtool"  # shared nodes: qtool/activate_quant, qtool/use_moving_average
@@ -103,11 +106,13 @@ def step_at_least(ops: Ops, step: ir.Value, delay: int, base: str) -> ir.Value:
 
 
 class TrainEncoder:
-    def __init__(self, graph: ir.Graph, ops: Ops, config: QuantConfig, step: ir.Value, quant_delay: int):
+    def __init__(self, graph: ir.Graph, ops: Ops, config: QuantConfig, step: ir.Value, quant_delay: int,
+                 range_update: ir.Value | None = None):
         self.graph = graph
         self.ops = ops
         self.config = config
         self.step = step
+        self.range_update = range_update
         self.active = step_at_least(ops, step, quant_delay, f"{SHARED_PREFIX}/activate_quant") \
             if quant_delay > 0 else None
         self.result = TrainEncoding()
@@ -279,6 +284,8 @@ class TrainEncoder:
         self.range_readers.update(id(v.producer()) for v in lows + highs)
         range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base, cfg.symmetric)
         decay = ops.const(f"{base}/decay", np.float32(1.0 - EMA_DECAY))
+        if self.range_update is not None:
+            decay = ops.op("Mul", [decay, self.range_update], f"{base}/decay_applied", shape=[])
         new_min = ops.op("Sub", [min_state, ops.op("Mul", [ops.op("Sub", [min_state, range_lo], f"{base}/AssignMinEma/delta"), decay],
                                                    f"{base}/AssignMinEma/update_delta")], f"{base}/AssignMinEma")
         new_max = ops.op("Sub", [max_state, ops.op("Mul", [ops.op("Sub", [max_state, range_hi], f"{base}/AssignMaxEma/delta"), decay],
@@ -419,6 +426,10 @@ def _check_contract_names(contract: dict, graph: ir.Graph) -> None:
 
     if contract["step_input"] not in inputs:
         raise missing("the step input", contract["step_input"])
+    range_update = contract.get("range_update_input")
+    if range_update is not None and (not isinstance(range_update, str) or range_update not in inputs
+                                     or range_update not in graph.initializers):
+        raise missing("the range-update input", str(range_update))
     for state, updated in contract["state"].items():
         if state not in graph.initializers:
             raise missing("the state initializer", state)
@@ -652,13 +663,16 @@ def _strip(model: ir.Model, contract: dict) -> TrainedState:
     state = contract["state"]
     updated = set(state.values())
     graph.outputs[:] = [o for o in graph.outputs if o.name not in updated]
-    owned_inputs = set(state) | set(contract.get("parameters", [])) | {contract["step_input"]}
+    range_update = contract.get("range_update_input")
+    owned_inputs = set(state) | set(contract.get("parameters", [])) | {contract["step_input"], range_update}
     graph.inputs[:] = [v for v in graph.inputs if v.name not in owned_inputs]
     for name in state:
         if name in graph.initializers:
             graph.initializers[name].type = None
             graph.initializers[name].shape = None
     _remove_dead(graph, prefixes | set(state))
+    if range_update in graph.initializers and not graph.initializers[range_update].uses():
+        graph.initializers.pop(range_update)
     for key in [k for k in model.functions if k[0] == fqf.DOMAIN]:
         del model.functions[key]
     model.opset_imports.pop(fqf.DOMAIN, None)

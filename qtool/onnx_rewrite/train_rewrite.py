@@ -57,8 +57,9 @@ def existing_contract(model: ir.Model, label: str) -> dict | None:
             f"'{label}' already contains training-only state from another tool: {reason}. "
             "qtool rewrites inference graphs; export the model for inference first"
         )
-    if any(v.name == tg.STEP_INPUT for v in model.graph.inputs):
-        raise QtoolError(f"'{label}' already has an input named '{tg.STEP_INPUT}'")
+    for name in (tg.STEP_INPUT, tg.RANGE_UPDATE_INPUT):
+        if any(v.name == name for v in model.graph.inputs):
+            raise QtoolError(f"'{label}' already has an input named '{name}'")
     return None
 
 
@@ -305,6 +306,17 @@ def _concat_output(point) -> bool:
     return point.producer is not None and point.producer.domain == "" and point.producer.op_type == "Concat"
 
 
+def _range_update_input(prepared: TrainGraph, graph: ir.Graph) -> ir.Value:
+    """``qtool_range_update``: a graph input with a default of 1 (an initializer of the same name), so a
+    runtime that does not feed it trains the ranges, and an evaluation feeds 0 to hold them."""
+    value = ir.Value(name=tg.RANGE_UPDATE_INPUT, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([]),
+                     const_value=ir.tensor(np.array(1.0, np.float32), name=tg.RANGE_UPDATE_INPUT))
+    prepared.names.reserve_value(tg.RANGE_UPDATE_INPUT)
+    graph.inputs.append(value)
+    graph.register_initializer(value)
+    return value
+
+
 def _parameters_as_inputs(graph: ir.Graph, params: set[str]) -> list[str]:
     for name in sorted(params):
         value = graph.initializers.get(name)
@@ -335,9 +347,10 @@ def encode_train(prepared: TrainGraph, schedule: TrainSchedule, ranges: dict) ->
     step = ir.Value(name=tg.STEP_INPUT, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     prepared.names.reserve_value(tg.STEP_INPUT)
     graph.inputs.append(step)
+    range_update = _range_update_input(prepared, graph)
     params: set[str] = set()
     folds = _fold_for_training(prepared, ops, step, schedule, params)
-    encoder = tg.TrainEncoder(graph, ops, config, step, schedule.quant_delay)
+    encoder = tg.TrainEncoder(graph, ops, config, step, schedule.quant_delay, range_update)
     left = _left_in_float(prepared)
     _encode_weights(prepared, encoder, params)
     _encode_recurrent(prepared, encoder, params)
@@ -353,6 +366,7 @@ def encode_train(prepared: TrainGraph, schedule: TrainSchedule, ranges: dict) ->
     contract = {
         "version": tg.CONTRACT_VERSION,
         "step_input": tg.STEP_INPUT,
+        "range_update_input": tg.RANGE_UPDATE_INPUT,
         "quant_delay": schedule.quant_delay,
         "freeze_bn_delay": schedule.freeze_bn_delay,
         "ema_decay": tg.EMA_DECAY,

@@ -106,6 +106,25 @@ def test_training_graph_with_held_ranges_is_the_deployed_model_bit_for_bit(w3a3)
     assert np.mean(t.argmax(1) == ev["labels"]) > 0.25  # a classifier (per-tensor W3A3: 34%; chance: 10%)
 
 
+def test_feeding_range_update_0_is_the_evaluation_mode_onnxruntime_users_get(w3a3):
+    """The same, with the graph as written: its ``qtool_range_update`` input (default 1) fed 0 holds the ranges;
+    not fed, the ranges move with the evaluated batch (TF's assign outputs) and the logits differ."""
+    train, _, deploy = w3a3
+    model = onnx.load(str(train))
+    assert _contract(model)["range_update_input"] == "qtool_range_update"
+    default = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["qtool_range_update"]
+    assert default.shape == () and float(default) == 1.0
+    x = np.load(SAMPLES / "eval.npz")["input"]
+    step = {"input": x, "qtool_step": np.array(1000, np.int64)}
+    held = _run(train, ["logits"], {**step, "qtool_range_update": np.array(0, np.float32)})["logits"]
+    moving = _run(train, ["logits"], step)["logits"]
+    d = _run(deploy, ["logits"], {"input": x})["logits"]
+    assert np.array_equal(held.view(np.uint32), d.view(np.uint32))
+    assert not np.array_equal(moving, d)
+    deployed = onnx.load(str(deploy))
+    assert "qtool_range_update" not in {v.name for v in deployed.graph.input} | {t.name for t in deployed.graph.initializer}
+
+
 def test_a_contract_naming_a_missing_bias_quantizer_is_refused(w3a3, tmp_path):
     train, _, _ = w3a3
     model = onnx.load(str(train))
