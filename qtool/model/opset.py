@@ -65,6 +65,20 @@ def inferred_ranks(graph: ir.Graph) -> dict[str, int]:
     return ranks
 
 
+def inferred_shapes(graph: ir.Graph) -> dict[str, tuple]:
+    """Tensor name -> shape from onnx shape inference (ints for static dims, None for symbolic ones),
+    computed once per graph (kept in ``graph.meta``; a rewrite that changes shapes must not rely on it)."""
+    key = "qtool.inferred_shapes"
+    if key not in graph.meta:
+        shapes: dict[str, tuple] = {}
+        for vi in _inferred(graph):
+            t = vi.type.tensor_type
+            if vi.type.HasField("tensor_type") and t.HasField("shape"):
+                shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+        graph.meta[key] = shapes
+    return graph.meta[key]
+
+
 def inferred_types(graph: ir.Graph) -> dict[str, ir.DataType]:
     """Tensor name -> element type from onnx shape inference (for values the model does not type)."""
     types: dict[str, ir.DataType] = {}

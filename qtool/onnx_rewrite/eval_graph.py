@@ -32,7 +32,8 @@ beyond the rounding of an int32 bias:
   kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
   optimizations fuse MatMul + Add into a Gemm and quantize its float bias
   that way themselves, so leaving it float made the results depend on the
-  optimization level. A qtool training graph models this rounding
+  optimization level (only where it makes that Gemm: ``_becomes_gemm``). A
+  qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
@@ -72,6 +73,7 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.graph import GraphView
 from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
+from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
 from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
 
@@ -353,9 +355,10 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
     input; MatMul: the constant operand of its bias ``Add`` (the plan's ``bias_add`` step), which
     onnxruntime's basic optimizations fuse into a Gemm whose float bias they quantize to int32 at
     ``input_scale * weight_scale`` themselves (so it is rounded in the default session, not without
-    optimizations, unless the eval graph stores it as int32). None: no bias."""
+    optimizations, unless the eval graph stores it as int32). None: no bias, or a MatMul onnxruntime
+    keeps as a MatMul (its float bias Add is exact there, and an int32 one costs a node per layer)."""
     if layer.op_type == "MatMul":
-        if bias_add is None or len(bias_add.inputs) != 2:
+        if bias_add is None or len(bias_add.inputs) != 2 or not _becomes_gemm(layer):
             return None
         for i, v in enumerate(bias_add.inputs):
             if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:
@@ -363,6 +366,26 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
         return None
     bias = layer_bias(layer)
     return None if bias is None else (layer, 2)
+
+
+def _becomes_gemm(matmul: ir.Node) -> bool:
+    """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
+    MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
+    a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
+    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
+    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
+    int32 bias is then what the optimized session computes, optimizations on or off)."""
+    x = matmul.inputs[0] if matmul.inputs else None
+    if x is None:
+        return True
+    if x.shape is not None:
+        shape = tuple(d if isinstance(d, int) else None for d in x.shape)
+    else:
+        graph = matmul.graph
+        shape = inferred_shapes(graph).get(x.name) if graph is not None else None
+    if shape is None:
+        return True
+    return len(shape) <= 2 or all(d is not None for d in shape)
 
 
 class QuantizeBias:

@@ -217,3 +217,22 @@ def test_concat_of_the_same_activation_shares_one_range(act, tmp_path):
     assert ops["QLinearConv"] == 3
     acts = {a["tensor"]: a for a in result.summary["activations"]}
     assert acts[one]["scale"] == acts[two]["scale"] == acts[cat]["scale"]
+
+
+@pytest.mark.parametrize("tokens", [True, False], ids=["3d_dynamic", "2d"])
+def test_a_matmul_bias_is_int32_only_where_onnxruntime_makes_a_gemm(tokens, tmp_path):
+    """MatMul + bias Add: with a 2-D input onnxruntime fuses them into a Gemm, which QGemm runs with the
+    int32 bias the eval graph stores (and the training graph models). With a [batch, tokens, dim] input
+    it keeps MatMulIntegerToFloat and a float bias Add: an int32 bias there is one more node per layer."""
+    b = Builder(opset=17, named=False)
+    shape = ["N", 5, 16] if tokens else ["N", 16]
+    x = b.input("x", shape)
+    y = b.matmul(b.node("Relu", [b.matmul(x, 16, 16, bias=True)]), 16, 8, bias=True)
+    feeds = {"x": x_data(8, *([5, 16] if tokens else [16]))}
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path)
+    int32_biases = len(result.summary["biases"])
+    assert int32_biases == (0 if tokens else 2)
+    if tokens:
+        assert ops["MatMulIntegerToFloat"] == 2 and ops["Gemm"] == 0
+    train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
+    assert len(train.contract["bias_quantizers"]) == int32_biases  # the training graph adds what is deployed
