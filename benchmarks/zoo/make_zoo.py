@@ -49,6 +49,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import zoo_metrics  # noqa: E402
+import ocr  # noqa: E402  (the PP-OCRv4-style recognizer: data, model, CTC loss)
 
 OUT = os.path.join(HERE, "models")
 IMG = 64
@@ -478,10 +479,13 @@ SPECS = {
     "yolo": dict(model=Yolo, task="detection", data="detection", lr=3e-3, batch=32),
     "lstm": dict(model=Tagger, task="sequence_tagging", data="frames", lr=3e-3, batch=64),
 }
+SPECS.update(ocr.SPECS)
 
 
 def make_split(kind: str, n: int, rng) -> tuple[dict, dict]:
     """(model inputs, targets) as numpy; images stay uint8 here."""
+    if kind in ocr.DATA:
+        return ocr.DATA[kind](n, rng)
     if kind == "shapes":
         x, y = make_shapes(n, rng)
         return {"images": x}, {"labels": y}
@@ -501,6 +505,8 @@ def make_split(kind: str, n: int, rng) -> tuple[dict, dict]:
 
 
 def input_names(name: str, kind: str) -> list[str]:
+    if kind in ocr.DATA:
+        return ocr.INPUTS
     if kind in ("shapes", "segmentation", "detection"):
         return ["pixel_values"] if name == "vit" else ["images"]
     return {"tokens": ["input_ids", "attention_mask"], "frames": ["features"]}[kind]
@@ -525,6 +531,8 @@ def train_loss(name, spec, model, feeds, targets, idx):
         return det_loss(out, torch.from_numpy(targets["boxes"][idx]), torch.from_numpy(targets["classes"][idx]))
     if task == "sequence_tagging":
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), torch.from_numpy(targets["labels"][idx]).reshape(-1))
+    if task == "ctc":
+        return ocr.ctc_loss(out, targets["labels"][idx])
     raise ValueError(task)
 
 
@@ -576,7 +584,7 @@ def build(name: str, seconds: float, n_train: int) -> dict:
     path = os.path.join(OUT, f"{name}.onnx")
     sample = tuple(torch_feeds(calib_x, names, slice(0, 2)))
     out_name = {"classification": "logits", "segmentation": "logits", "detection": "preds",
-                "sequence_tagging": "logits"}[spec["task"]]
+                "sequence_tagging": "logits", "ctc": "logits"}[spec["task"]]
     dyn = {n: {0: "batch"} for n in names + [out_name]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -612,8 +620,10 @@ def build(name: str, seconds: float, n_train: int) -> dict:
         meta["num_classes"] = 4
     if spec["task"] == "detection":
         meta.update(num_classes=3, stride=DET_STRIDE, image_size=IMG)
+    if spec["task"] == "ctc":
+        meta.update(ocr.META)
     meta["metric"] = {"classification": "top1", "segmentation": "miou", "detection": "f1",
-                      "sequence_tagging": "frame_acc"}[spec["task"]]
+                      "sequence_tagging": "frame_acc", "ctc": "seq_acc"}[spec["task"]]
 
     # metrics of the exported float model (onnxruntime) on the train subset and the eval set
     import onnxruntime as ort

@@ -85,6 +85,39 @@ def detection_f1(preds, gt_boxes, gt_classes, meta, iou_threshold: float = 0.5) 
     return {"f1": 100 * f1, "precision": 100 * precision, "recall": 100 * recall}
 
 
+def ctc_greedy_decode(logits: np.ndarray, blank: int = 0) -> list[list[int]]:
+    """Greedy CTC decoding of ``logits [B, T, K]``: best class per frame, repeats merged, blanks dropped."""
+    best = np.asarray(logits).argmax(axis=-1)
+    out = []
+    for row in best:
+        keep = np.ones(len(row), bool)
+        keep[1:] = row[1:] != row[:-1]
+        out.append([int(c) for c in row[keep] if c != blank])
+    return out
+
+
+def edit_distance(a, b) -> int:
+    """Levenshtein distance between two sequences."""
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def ctc_metrics(logits: np.ndarray, labels: np.ndarray, blank: int = 0) -> dict[str, float]:
+    """Sequence accuracy (exact match after greedy CTC decoding) and character accuracy
+    (1 - total edit distance / total label length, floored at 0) of ``labels [B, L]`` padded with -1."""
+    decoded = ctc_greedy_decode(logits, blank)
+    truth = [[int(c) for c in row if c >= 0] for row in np.asarray(labels)]
+    exact = sum(d == t for d, t in zip(decoded, truth))
+    errors = sum(edit_distance(d, t) for d, t in zip(decoded, truth))
+    total = sum(len(t) for t in truth)
+    return {"seq_acc": 100 * exact / len(truth), "char_acc": 100 * max(0.0, 1 - errors / max(total, 1))}
+
+
 def evaluate(meta: dict, output: np.ndarray, npz) -> dict[str, float]:
     """Metrics of ``output`` (the model's first output on the eval inputs)."""
     task = meta["task"]
@@ -105,4 +138,6 @@ def evaluate(meta: dict, output: np.ndarray, npz) -> dict[str, float]:
     if task == "sequence_tagging":
         labels = np.asarray(npz["labels"])
         return {"frame_acc": 100 * float(np.mean(output.argmax(axis=-1) == labels))}
+    if task == "ctc":
+        return ctc_metrics(output, np.asarray(npz["labels"]), meta.get("blank", 0))
     raise ValueError(f"unknown task {task!r}")
