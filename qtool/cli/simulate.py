@@ -28,6 +28,9 @@ from qtool.cli._progress import StageProgress
               help="Axis of the compared output that holds the classes, for a top-1 per position (frame, pixel, "
                    "token): a tagger's [N, T, C] output takes -1, a segmenter's [N, C, H, W] 1. --labels then hold "
                    "one class id per position.  [default: one top-1 per sample]")
+@click.option("--latency", "latency_rounds", type=int, default=None, metavar="ROUNDS", is_flag=False, flag_value=100,
+              help="Also time the float and quantized models in onnxruntime (one thread, batch 1, interleaved, "
+                   "median thread CPU time of ROUNDS runs, 100 when no number is given): what int8 buys.")
 @click.option("--quantized", multiple=True, type=click.Path(dir_okay=False),
               help="Quantized model to compare (repeatable). Without it: a what-if table quantized in memory.")
 @click.option("--weight-bits", default=None, metavar="LIST",
@@ -63,7 +66,7 @@ def simulate_cmd(model, data, json_out, html_path, verbose, **params):
         calibration_data=params["calibration_data"], sensitivity=params["sensitivity"],
         batch_size=params["batch_size"], histograms=html_path is not None,
         batch_axis=list(params["batch_axis"]) or None, scope=params["scope"], exclude=params["exclude"],
-        class_axis=params["class_axis"],
+        class_axis=params["class_axis"], latency_rounds=params["latency_rounds"] or 0,
     )
     json_path = json_out if json_out not in (None, "-") else None
     api.check_simulate_outputs(model, data, config, json_path, html_path)  # before any work

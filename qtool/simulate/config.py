@@ -106,6 +106,7 @@ class SimulateConfig:
     histograms: bool = False
     batch_axis: dict[str, int] = field(default_factory=lambda: {ALL_OUTPUTS: 0})
     class_axis: int | None = None  # the compared output's class axis: top-1 per position (frame, pixel, token)
+    latency_rounds: int = 0  # > 0: also time every model (one thread, batch 1), median of this many rounds
     scope: str | None = None  # the what-if table quantizes nodes under this prefix only
     exclude: frozenset = frozenset()  # and keeps these nodes in float
 
@@ -127,6 +128,10 @@ class SimulateConfig:
         if ca is not None and (isinstance(ca, bool) or not isinstance(ca, (int, np.integer))):
             raise QtoolError(f"class axis must be an integer, got {ca!r}")
         set_(self, "class_axis", None if ca is None else int(ca))
+        lr = self.latency_rounds
+        if isinstance(lr, bool) or not isinstance(lr, (int, np.integer)) or lr < 0:
+            raise QtoolError(f"latency rounds must be a non-negative integer, got {lr!r}")
+        set_(self, "latency_rounds", int(lr))
         set_(self, "sensitivity", bool(self.sensitivity))
         set_(self, "histograms", bool(self.histograms))
         for name in ("labels", "output"):

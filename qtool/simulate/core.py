@@ -26,7 +26,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
-from qtool.simulate import inputs
+from qtool.simulate import inputs, latency
 from qtool.simulate.compare import (
     Batch,
     ClassLayout,
@@ -86,6 +86,12 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     t = time.perf_counter()
     _evaluate(runner, accs, dataset, labels, config, output, totals, progress)
     totals.seconds["evaluating"] = round(time.perf_counter() - t, 3)
+    timed = None
+    if config.latency_rounds and totals.samples:
+        t = time.perf_counter()
+        _stage(progress, "timing", 0, 0)
+        timed = latency.measure(runner, [a.runner for a in accs], _first_sample(dataset), config.latency_rounds)
+        totals.seconds["timing"] = round(time.perf_counter() - t, 3)
     if runner.plain_every_batch:
         notes.append(FLOAT_FUSION_NOTE)
     layout = totals.layout or ClassLayout(2)  # no samples: nothing measured either way
@@ -103,8 +109,18 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         float_correct=totals.correct if has_labels and classes else None,
         models=[a.result(max(predictions, 1), has_labels, classes) for a in accs],
         class_axis=config.class_axis, positions=layout.positions,
+        latency=None if timed is None else timed.to_dict(),
         notes=notes, seconds=round(time.perf_counter() - start, 3), stage_seconds=totals.seconds,
     )
+
+
+def _first_sample(dataset) -> dict:
+    """One sample (or the model's fixed batch) of the data, as fed."""
+    batches = dataset.batches(1)
+    try:
+        return next(batches)
+    finally:
+        batches.close()
 
 
 def _stage(progress: Progress | None, stage: str, done: int, total: int) -> None:

@@ -158,6 +158,26 @@ def _model_table(report: dict, width: int) -> list[str]:
     return _table(header, rows, [False] + [True] * (len(header) - 1), width=width, shrink=0)
 
 
+def _latency_lines(report: dict, width: int) -> list[str]:
+    lat = report.get("latency")
+    if not lat:
+        return []
+    lines = ["", f"  latency in onnxruntime, 1 thread, batch 1 (median of {lat['rounds']} rounds, thread CPU time):",
+             f"    float  {lat['float_ms']:.3f} ms"]
+    slower = []
+    for m in lat["models"]:
+        ratio = m["x_float"]
+        lines.append(ellipsize(f"    {m['name']}", width - 28) + f"  {m['ms']:.3f} ms = {ratio:.2f}x float")
+        if ratio and ratio > 1:
+            slower.append(m["name"])
+    if slower:
+        lines.append(ellipsize(f"  slower than float: {', '.join(slower)}", width))
+        lines.append("    per-op overhead (small tensors) and the ops left in float between DequantizeLinear and")
+        lines.append("    QuantizeLinear (rewrite-eval's 'ops in float') cost more than the integer layers save")
+        lines.append("    (docs/deploy.md)")
+    return lines
+
+
 def _more(items: list, limit: int | None) -> list[str]:
     return [f"    ... {len(items) - limit} more (all in --json)"] if limit is not None and len(items) > limit else []
 
@@ -202,7 +222,7 @@ def format_text(report: dict, limit: int | None = 10, verbose: bool = False, wid
     ``verbose``: every row (no ``limit``) and the notes.
     """
     limit = None if verbose else limit
-    lines = _header(report, width) + [""] + _model_table(report, width)
+    lines = _header(report, width) + [""] + _model_table(report, width) + _latency_lines(report, width)
     for mdl in report["models"]:
         lines += _model_details(mdl, limit, verbose, width)
     if verbose:

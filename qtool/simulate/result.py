@@ -277,6 +277,7 @@ class SimulateResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     class_axis: int | None = None  # top-1 per position along this output axis (None: one per sample)
     positions: int = 1  # top-1 predictions per sample
+    latency: dict | None = None  # one-thread batch-1 timings (latency.Latency.to_dict), when asked
 
     def to_dict(self) -> dict:
         """The report as plain Python values (``inf``/``nan`` kept as floats; :meth:`write_json` writes them as strings)."""
@@ -290,6 +291,7 @@ class SimulateResult:
             "notes": list(self.notes),
             "seconds": self.seconds,
             "stage_seconds": dict(self.stage_seconds),
+            "latency": self.latency,
             "conventions": CONVENTIONS,
         }
 

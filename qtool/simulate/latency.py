@@ -1,0 +1,60 @@
+"""How fast onnxruntime runs the float model and each quantized one: what users quantize for.
+
+One thread, batch 1 (the first sample of the data), all optimizations; the
+models run round-robin, one ``session.run`` each per round, timed by the
+calling thread's CPU time (``time.thread_time``: a shared machine's other
+jobs do not count), and the median of the rounds after a warm-up is kept.
+The result is a multiple of the float model's time measured in the same
+loop, so the ratio holds on a busy machine where milliseconds wander.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from qtool.model.session import file_session, session_options, tapped_session
+from qtool.simulate.session import Runner
+
+WARMUP = 10
+
+
+@dataclass(frozen=True)
+class Latency:
+    rounds: int
+    float_ms: float
+    models: dict[str, float]  # model name -> median milliseconds
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "threads": 1, "batch": 1, "clock": "thread_time", "float_ms": self.float_ms,
+                "models": [{"name": name, "ms": ms, "x_float": ms / self.float_ms if self.float_ms else None}
+                           for name, ms in self.models.items()]}
+
+
+def _one_thread(runner: Runner):
+    options = session_options()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    what = f"the model '{runner.label}' (timing)"
+    if runner.path:
+        return file_session(runner.path, options=options, what=what)
+    return tapped_session(runner.model, [], options=options, what=what)
+
+
+def measure(float_runner: Runner, runners: list[Runner], feed: dict[str, np.ndarray], rounds: int) -> Latency:
+    """Median one-thread milliseconds of every model on ``feed`` (one sample), interleaved."""
+    sessions = [_one_thread(r) for r in [float_runner] + runners]
+    feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
+    times: list[list[float]] = [[] for _ in sessions]
+    for i in range(WARMUP + rounds):
+        for session, spent in zip(sessions, times):
+            names = session.outputs[:1]
+            start = time.thread_time()
+            session.run(feed, names, "the timed run")
+            if i >= WARMUP:
+                spent.append(time.thread_time() - start)
+    ms = [statistics.median(t) * 1e3 for t in times]
+    return Latency(rounds, ms[0], {r.label: m for r, m in zip(runners, ms[1:])})

@@ -1,0 +1,59 @@
+"""simulate --latency: one-thread batch-1 timings of the float and quantized models (ratios, not asserted
+speeds: no test times anything; benchmarks/deploy.py is where speed goals are checked)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import qtool
+from qtool.api import simulate
+from qtool.cli import main
+from qtool.errors import QtoolError
+from qtool.simulate.config import SimulateConfig
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    out = tmp_path_factory.mktemp("latency") / "digits.qdq.onnx"
+    qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), str(out), calibration_data=str(SAMPLES / "calib.npz"))
+    return out
+
+
+def test_the_report_has_every_models_time_as_a_multiple_of_float(quantized):
+    res = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "eval.npz"),
+                   SimulateConfig(labels="labels", quantized=[str(quantized)], latency_rounds=5))
+    lat = res.to_dict()["latency"]
+    assert lat["rounds"] == 5 and lat["threads"] == 1 and lat["batch"] == 1 and lat["float_ms"] > 0
+    (model,) = lat["models"]
+    assert model["name"] == res.models[0].name and model["ms"] > 0
+    assert model["x_float"] == pytest.approx(model["ms"] / lat["float_ms"])
+    text = res.format_text()
+    assert "latency in onnxruntime, 1 thread, batch 1 (median of 5 rounds" in text
+    assert f"{model['x_float']:.2f}x float" in text
+    # without the option nothing is timed
+    plain = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "eval.npz"), SimulateConfig(quantized=[str(quantized)]))
+    assert plain.to_dict()["latency"] is None and "latency in onnxruntime" not in plain.format_text()
+
+
+def test_the_what_if_models_are_timed_too():
+    res = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "calib.npz"),
+                   SimulateConfig(weight_bits="4,8", latency_rounds=3))
+    assert [m["name"] for m in res.to_dict()["latency"]["models"]] == [m.name for m in res.models]
+
+
+@pytest.mark.parametrize("args, rounds", [(["--latency"], 100), (["--latency", "7"], 7)])
+def test_cli(quantized, tmp_path, args, rounds):
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["simulate", str(SAMPLES / "digits_cnn.onnx"), "--data", str(SAMPLES / "eval.npz"),
+                                       "--quantized", str(quantized), *args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["latency"]["rounds"] == rounds
+
+
+def test_bad_rounds_are_refused():
+    with pytest.raises(QtoolError, match="latency rounds must be a non-negative integer"):
+        SimulateConfig(latency_rounds=-1)
