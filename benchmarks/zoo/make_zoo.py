@@ -592,10 +592,21 @@ def init_from_onnx(model: nn.Module, path: str) -> dict:
     from onnx import numpy_helper
 
     state = model.state_dict()
+    graph = onnx.load(path).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    # a Linear exported as MatMul (3-D input) has its weight transposed under a generated name
+    # (onnx::MatMul_123): it is the weight of the module whose bias the following Add reads
+    renamed = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            for add in graph.node:
+                bias = [i for i in add.input if i.endswith(".bias") and i in inits]
+                if add.op_type == "Add" and node.output[0] in add.input and bias:
+                    renamed[bias[0][:-5] + ".weight"] = inits[node.input[1]].T
     loaded = 0
-    for init in onnx.load(path).graph.initializer:
-        if init.name in state and tuple(state[init.name].shape) == tuple(init.dims):
-            state[init.name] = torch.from_numpy(numpy_helper.to_array(init).copy())
+    for name, array in list(inits.items()) + list(renamed.items()):
+        if name in state and tuple(state[name].shape) == tuple(array.shape):
+            state[name] = torch.from_numpy(np.array(array, copy=True))
             loaded += 1
     model.load_state_dict(state)
     return {"init_from": os.path.basename(path), "tensors_loaded": loaded, "tensors_in_model": len(state)}
