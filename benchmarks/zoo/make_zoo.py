@@ -609,15 +609,23 @@ def init_from_onnx(model: nn.Module, path: str) -> dict:
             state[name] = torch.from_numpy(np.array(array, copy=True))
             loaded += 1
     model.load_state_dict(state)
-    return {"init_from": os.path.basename(path), "tensors_loaded": loaded, "tensors_in_model": len(state)}
+    info = {"init_from": os.path.basename(path), "tensors_loaded": loaded, "tensors_in_model": len(state)}
+    prev = path[:-5] + ".json"
+    if os.path.exists(prev):  # a zoo model: keep how it was trained (the training continues it)
+        meta = json.load(open(prev))
+        info["previous"] = {k: meta.get(k) for k in ("size", "train_steps", "train_cpu_seconds", "train_batch",
+                                                     "float_eval", "warm_start")}
+    return info
 
 
 def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image_size: int | None = None,
-          batch: int | None = None, init_from: str | None = None) -> dict:
+          batch: int | None = None, init_from: str | None = None, lr: float | None = None) -> dict:
     spec = dict(SPECS[name])
     size = apply_size(name, preset, image_size)
     if batch:
         spec["batch"] = batch
+    if lr:
+        spec["lr"] = lr
     seconds *= spec.get("seconds", 1.0)  # models that learn slowly get a longer budget
     seed = SEED + sum(map(ord, name))
     torch.manual_seed(seed)
@@ -694,6 +702,7 @@ def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image
         "train_cpu_seconds": round(train_seconds, 1),
         "train_wall_seconds": round(wall_seconds, 1),
         "train_batch": spec["batch"],
+        "train_lr": spec["lr"],
         "train_samples": n_train,
         "final_train_loss": round(float(np.mean(losses[-50:])), 4),
         "torch": torch.__version__,
@@ -736,6 +745,7 @@ def main():
                     help="input sizes: deploy (default: 224/256 px, ViT 196 tokens dim 192, BERT seq 128 hidden 256) "
                          "or small (the first zoo: 64 px, dim 128, seq 32)")
     ap.add_argument("--batch", type=int, default=None, help="training batch (default: per model)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per model)")
     ap.add_argument("--init-from", default=None,
                     help="folder of exported zoo models to start from (the tensors whose names and shapes match; "
                          "e.g. a --size small zoo for the convolutional nets, whose weights do not depend on the size)")
@@ -750,7 +760,7 @@ def main():
         if name not in SPECS:
             sys.exit(f"unknown model {name!r}; choose from {', '.join(SPECS)}")
         n_train = args.train_samples or (4000 if args.size == "small" else 2000)
-        build(name, args.seconds, n_train, args.size, args.image_size, args.batch, args.init_from)
+        build(name, args.seconds, n_train, args.size, args.image_size, args.batch, args.init_from, args.lr)
 
 
 if __name__ == "__main__":
