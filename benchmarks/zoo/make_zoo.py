@@ -4,7 +4,13 @@ Needs torch (a separate venv: torch is never a dependency of qtool or its tests)
 
     python3 -m venv /work/venv-torch
     /work/venv-torch/bin/pip install torch==2.13.0 onnx onnxruntime numpy onnxscript
-    /work/venv-torch/bin/python benchmarks/zoo/make_zoo.py [--models vit,bert] [--seconds 120]
+    /work/venv-torch/bin/python benchmarks/zoo/make_zoo.py [--size deploy|small] [--models vit,bert]
+        [--seconds 120] [--init-from DIR] [--batch N] [--lr X]
+
+``--size deploy`` (default) builds the inputs at deployment sizes (224 px classifiers, 256 px U-Net
+and YOLO, ViT patch 16 / dim 192, BERT sequence 128 / hidden 256: ``SIZES``); ``--size small`` the
+first zoo (64 px, dim 128, sequence 32). ``--init-from`` starts from exported zoo models' weights
+(matching names and shapes): how the committed 224/256 px CNNs started from the 64 px ones.
 
 Each model is trained for a fixed time budget on 2 CPU threads and exported the way
 people export: ``torch.onnx.export`` (TorchScript exporter, ``dynamo=False``), opset 17,
