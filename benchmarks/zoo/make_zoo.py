@@ -4,7 +4,13 @@ Needs torch (a separate venv: torch is never a dependency of qtool or its tests)
 
     python3 -m venv /work/venv-torch
     /work/venv-torch/bin/pip install torch==2.13.0 onnx onnxruntime numpy onnxscript
-    /work/venv-torch/bin/python benchmarks/zoo/make_zoo.py [--models vit,bert] [--seconds 120]
+    /work/venv-torch/bin/python benchmarks/zoo/make_zoo.py [--size deploy|small] [--models vit,bert]
+        [--seconds 120] [--init-from DIR] [--batch N] [--lr X]
+
+``--size deploy`` (default) builds the inputs at deployment sizes (224 px classifiers, 256 px U-Net
+and YOLO, ViT patch 16 / dim 192, BERT sequence 128 / hidden 256: ``SIZES``); ``--size small`` the
+first zoo (64 px, dim 128, sequence 32). ``--init-from`` starts from exported zoo models' weights
+(matching names and shapes): how the committed 224/256 px CNNs started from the 64 px ones.
 
 Each model is trained for a fixed time budget on 2 CPU threads and exported the way
 people export: ``torch.onnx.export`` (TorchScript exporter, ``dynamo=False``), opset 17,
@@ -56,6 +62,40 @@ IMG = 64
 N_CALIB = 64
 N_EVAL = 256
 SEED = 1234
+# transformer sizes (set per model from SIZES by apply_size)
+VIT_PATCH, VIT_DIM, VIT_HEADS, VIT_MLP = 8, 128, 4, 2
+BERT_DIM, BERT_HEADS = 128, 4
+
+# Size presets. "deploy" (the committed zoo): inputs at the sizes people deploy (224 px classifiers,
+# 256 px dense-prediction nets, ViT-Tiny-like 196 tokens of dim 192, BERT-mini-like sequence 128 /
+# hidden 256) with the widths of the small models (compute grows with resolution, parameters do not).
+# "small": the first zoo (64 px, dim 128, sequence 32), where per-op overhead dominates latency.
+SIZES = {
+    "deploy": {
+        "image": {"unet": 256, "yolo": 256, "*": 224},
+        "seq_len": 128,
+        "vit": dict(patch=16, dim=192, heads=3, mlp=4),
+        "bert": dict(dim=256, heads=4),
+    },
+    "small": {
+        "image": {"*": 64},
+        "seq_len": 32,
+        "vit": dict(patch=8, dim=128, heads=4, mlp=2),
+        "bert": dict(dim=128, heads=4),
+    },
+}
+
+
+def apply_size(name: str, preset: str, image_size: int | None = None) -> dict:
+    """Set the module-level sizes for model ``name``; returns them (recorded in the JSON)."""
+    global IMG, SEQ_LEN, VIT_PATCH, VIT_DIM, VIT_HEADS, VIT_MLP, BERT_DIM, BERT_HEADS
+    p = SIZES[preset]
+    IMG = image_size or p["image"].get(name, p["image"]["*"])
+    SEQ_LEN = p["seq_len"]
+    v, b = p["vit"], p["bert"]
+    VIT_PATCH, VIT_DIM, VIT_HEADS, VIT_MLP = v["patch"], v["dim"], v["heads"], v["mlp"]
+    BERT_DIM, BERT_HEADS = b["dim"], b["heads"]
+    return {"preset": preset, "image_size": IMG, "seq_len": SEQ_LEN, "vit": dict(v), "bert": dict(b)}
 
 # ----------------------------------------------------------------------------------------------
 # Data
@@ -106,7 +146,16 @@ def _colour(rng, bg):
 
 
 def _finish(img, rng):
-    img += rng.normal(0, 12, size=img.shape)
+    # pixel noise; above 64 px drawn on blocks of IMG // 16 pixels (blotchy noise that the model must
+    # still ignore, but the stored eval images stay small: 8.5 kB instead of 30 kB an image at 224 px),
+    # at 64 px per pixel as in the first zoo
+    b = 1 if IMG <= 64 else IMG // 16
+    if b == 1:
+        img += rng.normal(0, 12, size=img.shape)
+    else:
+        n = -(-IMG // b)
+        noise = rng.normal(0, 12, size=(3, n, n)).astype(np.float32)
+        img += np.repeat(np.repeat(noise, b, axis=1), b, axis=2)[:, :IMG, :IMG]
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
@@ -115,7 +164,7 @@ def make_shapes(n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     y = rng.integers(0, len(SHAPES), size=n)
     for i in range(n):
         img, bg = _background(rng)
-        r = rng.uniform(10, 22)
+        r = rng.uniform(10, 22) * IMG / 64
         cx, cy = rng.uniform(r, IMG - r, size=2)
         m = shape_mask(SHAPES[y[i]], cx, cy, r, rng.uniform(0, 2 * math.pi))
         img[:, m] = _colour(rng, bg)[:, None]
@@ -133,7 +182,7 @@ def make_segmentation(n: int, rng):
         img, bg = _background(rng)
         for _ in range(rng.integers(1, 5)):
             k = rng.integers(0, 3)
-            r = rng.uniform(5, 14)
+            r = rng.uniform(5, 14) * IMG / 64
             cx, cy = rng.uniform(0, IMG, size=2)
             m = shape_mask(SEG_KINDS[k], cx, cy, r, rng.uniform(0, 2 * math.pi))
             img[:, m] = _colour(rng, bg)[:, None]
@@ -156,7 +205,7 @@ def make_detection(n: int, rng):
         cells = rng.choice(grid * grid, size=rng.integers(1, MAX_OBJ + 1), replace=False)
         for j, cell in enumerate(cells):
             k = rng.integers(0, 3)
-            r = rng.uniform(6, 14)
+            r = rng.uniform(6, 14) * IMG / 64
             cx = (cell % grid + rng.uniform(0.1, 0.9)) * DET_STRIDE
             cy = (cell // grid + rng.uniform(0.1, 0.9)) * DET_STRIDE
             m = shape_mask(SEG_KINDS[k], cx, cy, r, rng.uniform(0, 2 * math.pi))
@@ -258,13 +307,14 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, classes=len(SHAPES), dim=128, depth=4, heads=4, patch=8):
+    def __init__(self, classes=len(SHAPES), dim=None, depth=4, heads=None, patch=None):
         super().__init__()
+        dim, heads, patch = dim or VIT_DIM, heads or VIT_HEADS, patch or VIT_PATCH
         self.patch = nn.Conv2d(3, dim, patch, patch)
         n = (IMG // patch) ** 2
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
-        self.blocks = nn.ModuleList(Block(dim, heads, 2 * dim) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(dim, heads, VIT_MLP * dim) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, classes)
 
@@ -277,8 +327,9 @@ class ViT(nn.Module):
 
 
 class Bert(nn.Module):
-    def __init__(self, dim=128, depth=4, heads=4):
+    def __init__(self, dim=None, depth=4, heads=None):
         super().__init__()
+        dim, heads = dim or BERT_DIM, heads or BERT_HEADS
         self.tok = nn.Embedding(VOCAB, dim)
         self.pos = nn.Embedding(SEQ_LEN, dim)
         self.norm = nn.LayerNorm(dim)
@@ -465,6 +516,17 @@ def det_loss(p, boxes, classes):
     return loss_obj + (5 * loss_box + loss_cls) / max(npos, 1)
 
 
+def save_npz(path: str, arrays: dict) -> None:
+    """``np.savez_compressed`` with LZMA instead of deflate (half the size on these images);
+    ``np.load`` reads it like any npz (zipfile decompresses LZMA members)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_LZMA) as zf:
+        for key, value in arrays.items():
+            with zf.open(f"{key}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+
+
 def to_float(x):
     return torch.from_numpy(x.astype(np.float32) / 255.0)
 
@@ -536,8 +598,48 @@ def train_loss(name, spec, model, feeds, targets, idx):
     raise ValueError(task)
 
 
-def build(name: str, seconds: float, n_train: int) -> dict:
-    spec = SPECS[name]
+def init_from_onnx(model: nn.Module, path: str) -> dict:
+    """Start from the weights of an exported zoo model (e.g. the 64 px one for the 224 px one: convolutional
+    weights do not depend on the input size): every initializer whose name and shape match a parameter or
+    buffer of ``model`` (BN statistics included). Returns counts for the JSON."""
+    import onnx
+    from onnx import numpy_helper
+
+    state = model.state_dict()
+    graph = onnx.load(path).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    # a Linear exported as MatMul (3-D input) has its weight transposed under a generated name
+    # (onnx::MatMul_123): it is the weight of the module whose bias the following Add reads
+    renamed = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits:
+            for add in graph.node:
+                bias = [i for i in add.input if i.endswith(".bias") and i in inits]
+                if add.op_type == "Add" and node.output[0] in add.input and bias:
+                    renamed[bias[0][:-5] + ".weight"] = inits[node.input[1]].T
+    loaded = 0
+    for name, array in list(inits.items()) + list(renamed.items()):
+        if name in state and tuple(state[name].shape) == tuple(array.shape):
+            state[name] = torch.from_numpy(np.array(array, copy=True))
+            loaded += 1
+    model.load_state_dict(state)
+    info = {"init_from": os.path.basename(path), "tensors_loaded": loaded, "tensors_in_model": len(state)}
+    prev = path[:-5] + ".json"
+    if os.path.exists(prev):  # a zoo model: keep how it was trained (the training continues it)
+        meta = json.load(open(prev))
+        info["previous"] = {k: meta.get(k) for k in ("size", "train_steps", "train_cpu_seconds", "train_batch",
+                                                     "float_eval", "warm_start")}
+    return info
+
+
+def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image_size: int | None = None,
+          batch: int | None = None, init_from: str | None = None, lr: float | None = None) -> dict:
+    spec = dict(SPECS[name])
+    size = apply_size(name, preset, image_size)
+    if batch:
+        spec["batch"] = batch
+    if lr:
+        spec["lr"] = lr
     seconds *= spec.get("seconds", 1.0)  # models that learn slowly get a longer budget
     seed = SEED + sum(map(ord, name))
     torch.manual_seed(seed)
@@ -550,6 +652,7 @@ def build(name: str, seconds: float, n_train: int) -> dict:
     print(f"[{name}] data in {time.time() - t0:.1f}s", flush=True)
 
     model = spec["model"]()
+    warm = init_from_onnx(model, os.path.join(init_from, f"{name}.onnx")) if init_from else None
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=1e-4)
     est_steps = None
     # the budget is CPU time of this process, so that a busy shared machine slows training
@@ -595,10 +698,10 @@ def build(name: str, seconds: float, n_train: int) -> dict:
     # calibration data: float32/int64 exactly as the model takes it
     calib = {n: (calib_x[k].astype(np.float32) / 255.0 if calib_x[k].dtype == np.uint8 else calib_x[k])
              for k, n in zip(calib_x, names)}
-    np.savez_compressed(os.path.join(OUT, f"{name}.calib.npz"), **calib)
+    save_npz(os.path.join(OUT, f"{name}.calib.npz"), calib)
     ev = {n: eval_x[k] for k, n in zip(eval_x, names)}
     ev.update(eval_y)
-    np.savez_compressed(os.path.join(OUT, f"{name}.eval.npz"), **ev)
+    save_npz(os.path.join(OUT, f"{name}.eval.npz"), ev)
 
     meta = {
         "name": name,
@@ -607,10 +710,13 @@ def build(name: str, seconds: float, n_train: int) -> dict:
         "output": out_name,
         "input_scale": {n: 1.0 / 255.0 for k, n in zip(eval_x, names) if eval_x[k].dtype == np.uint8},
         "seed": seed,
+        "size": size,
+        "warm_start": warm,
         "train_steps": steps,
         "train_cpu_seconds": round(train_seconds, 1),
         "train_wall_seconds": round(wall_seconds, 1),
         "train_batch": spec["batch"],
+        "train_lr": spec["lr"],
         "train_samples": n_train,
         "final_train_loss": round(float(np.mean(losses[-50:])), 4),
         "torch": torch.__version__,
@@ -649,19 +755,28 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(SPECS), help="comma-separated subset of " + ",".join(SPECS))
     ap.add_argument("--seconds", type=float, default=120.0, help="training budget per model, CPU seconds")
-    ap.add_argument("--train-samples", type=int, default=4000)
+    ap.add_argument("--train-samples", type=int, default=None,
+                    help="training set size (default 4000 for --size small, 2000 for deploy)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="deploy",
+                    help="input sizes: deploy (default: 224/256 px, ViT 196 tokens dim 192, BERT seq 128 hidden 256) "
+                         "or small (the first zoo: 64 px, dim 128, seq 32)")
+    ap.add_argument("--batch", type=int, default=None, help="training batch (default: per model)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per model)")
+    ap.add_argument("--init-from", default=None,
+                    help="folder of exported zoo models to start from (the tensors whose names and shapes match; "
+                         "e.g. a --size small zoo for the convolutional nets, whose weights do not depend on the size)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared machine slows 2 threads 10x)")
     ap.add_argument("--out", default=OUT, help="output folder (default: the committed zoo, benchmarks/zoo/models)")
-    ap.add_argument("--image-size", type=int, default=IMG,
-                    help="image side in pixels (default 64; larger sizes are for latency studies, e.g. --seconds 1)")
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="image side in pixels, overriding --size's (e.g. with --seconds 1 for latency studies)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     globals()["OUT"] = args.out
-    globals()["IMG"] = args.image_size
     for name in args.models.split(","):
         if name not in SPECS:
             sys.exit(f"unknown model {name!r}; choose from {', '.join(SPECS)}")
-        build(name, args.seconds, args.train_samples)
+        n_train = args.train_samples or (4000 if args.size == "small" else 2000)
+        build(name, args.seconds, n_train, args.size, args.image_size, args.batch, args.init_from, args.lr)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,29 @@ def test_gelu_mlp_and_layernorm_residual_run_in_integers(tmp_path):
     check_integer(b.proto([y]), {"x": x_data(8, 4, d)}, tmp_path)
 
 
+def test_tanh_gelu_between_matmuls_stays_float_inside(tmp_path):
+    """BERT's GELU (tanh form, as torch writes it): both Linears integer, nothing inside the GELU quantized
+    (no QLinearMul/QLinearAdd chain of x*x, x*x^2, x + c*x^3 with a pair per step), the residual Add read by
+    the LayerNormalization keeps its pair (QLinearAdd)."""
+    b = Builder(opset=17, named=False)
+    d = 16
+    x = b.input("x", ["N", 4, d])
+    h = b.matmul(x, d, 32, bias=True)
+    cube = b.node("Mul", [h, b.node("Mul", [h, h])])
+    inner = b.node("Mul", [b.const(np.float32(np.sqrt(2 / np.pi))),
+                           b.node("Add", [h, b.node("Mul", [b.const(np.float32(0.044715)), cube])])])
+    tanh = b.node("Tanh", [inner])
+    gelu = b.node("Mul", [b.const(np.float32(0.5)), b.node("Mul", [h, b.node("Add", [b.const(np.float32(1)), tanh])])])
+    y = b.node("Add", [x, b.matmul(gelu, 32, d, bias=True)])
+    y = b.node("LayerNormalization", [y, b.const(np.ones(d, np.float32)), b.const(np.zeros(d, np.float32))], axis=-1)
+    y = b.matmul(y, d, d, bias=True)
+    ops, result = check_integer(b.proto([y]), {"x": x_data(8, 4, d)}, tmp_path, expect=["QLinearAdd"])
+    assert ops["QLinearMul"] == 0 and ops["QLinearAdd"] == 1, ops
+    quantized = {a["tensor"] for a in result.summary["activations"]}
+    assert not quantized & {h, cube, inner, tanh}
+    assert gelu in quantized  # the second Linear's input
+
+
 def test_what_stays_float_is_reported_with_its_reason(tmp_path):
     b = Builder(opset=17, named=True)
     d = 8

@@ -262,14 +262,28 @@ class UnreadQuantizers(PlacementRule):
       output read by float ops (GELU's Div/Erf, LayerNormalization) made it 0.66x float against
       0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias);
     - an Add/Mul with a float constant operand (TF's rule 4 counts a constant as quantized): there is no
-      QLinearAdd/QLinearMul for it.
+      QLinearAdd/QLinearMul for it;
+    - the output of an Add/Mul of two quantized tensors or of an activation function (not Relu/Clip)
+      that only float ops read: the inside of a GELU written out (tanh form: ``x * x``, ``x * x^2``,
+      ``x + c x^3``, Tanh, read by Mul/Add with constants) would otherwise run as QLinearMul/QLinearAdd
+      chains with a pair per step; without them onnxruntime fuses the GELU in float between
+      MatMulIntegerToFloat and the next layer's pair (BERT at sequence 128: 0.49x float against
+      0.53x, 48 Q/DQ left against 76; FINDINGS.md section 6). A tensor that a LayerNormalization
+      reads keeps its pair (QLinearAdd before a float LayerNormalization, FINDINGS.md section 2).
+    Candidates go last to first in graph order, so a chain is dropped from its float end back (an
+    Add/Mul reads as integer only while its own output is quantized).
     A Conv/Gemm output keeps its pair: QLinearConv and QGemm need it."""
 
     name = "unread quantizers"
 
     def candidates(self, ctx):
-        return [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
-                and p.group is None and (_matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value))]
+        sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
+        order = {id(n): i for i, n in enumerate(ctx.graph)}
+        points = [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
+                  and p.group is None and id(p) not in sources
+                  and (_matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
+                       or _float_read_computation(ctx, p.value))]
+        return sorted(points, key=lambda p: -order.get(id(p.value.producer()), -1))
 
     def check(self, ctx, point):
         if point.value.is_graph_output() or ctx.view.is_graph_output(point.value):
@@ -277,6 +291,9 @@ class UnreadQuantizers(PlacementRule):
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):
             return "an integer op reads it"
+        if _float_read_computation(ctx, point.value) and any(
+                r.domain == "" and r.op_type == "LayerNormalization" for r in readers):
+            return "a LayerNormalization reads it"
         return None
 
     def apply(self, ctx, point):
@@ -287,6 +304,16 @@ def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:
     producer = value.producer()
     return (producer is not None and producer.domain == "" and producer.op_type in ("Add", "Mul")
             and len(_variable_inputs(ctx, producer)) < 2)
+
+
+def _float_read_computation(ctx: PlanContext, value: ir.Value) -> bool:
+    """An Add/Mul of two activations or an activation function other than Relu/Clip made ``value``."""
+    producer = value.producer()
+    if producer is None or producer.domain != "":
+        return False
+    if producer.op_type in ("Add", "Mul"):
+        return len(_variable_inputs(ctx, producer)) == 2
+    return producer.op_type in ACTIVATION_FUNCTIONS and producer.op_type not in ("Relu", "Clip")
 
 
 def _matmul_chain_end(ctx: PlanContext, value: ir.Value) -> bool:

@@ -1,0 +1,77 @@
+"""Where the time goes: onnxruntime's per-node profile of models, summed per op type.
+
+    python benchmarks/zoo/profile_ops.py MODEL.onnx [MODEL2.onnx ...] --zoo-json benchmarks/zoo/models/vit.json
+        [--eval benchmarks/zoo/models/vit.eval.npz] [--runs 50]
+
+Each model runs at batch 1 on one thread (``ORT_ENABLE_ALL``, as ``deploy.py``) with
+``SessionOptions.enable_profiling``; the node events of the timed runs (after 10 warm-up runs)
+are summed per op type of onnxruntime's optimized graph (``QLinearConv``, ``QuantizeLinear``,
+``HardSwish``, ...) and printed as microseconds per run, largest first, side by side per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+
+import numpy as np
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import zoo_metrics  # noqa: E402
+
+
+def profile(path: str, feeds: dict, runs: int, warmup: int = 10) -> dict[str, float]:
+    """Microseconds per run per op type."""
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "prof")
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        for _ in range(warmup):
+            sess.run(None, feeds)
+        # the profile holds every run; keep the last ``runs`` (the warm-up ones are dropped below)
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.load(open(sess.end_profiling()))
+    runs_seen = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    keep_from = runs_seen[warmup]["ts"] if len(runs_seen) > warmup else 0
+    per_op = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= keep_from:
+            per_op[e["args"]["op_name"]] += e["dur"]
+    per_op["(total of runs)"] = sum(r["dur"] for r in runs_seen[warmup:])
+    return {k: v / runs for k, v in per_op.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--zoo-json", required=True, help="the zoo model's JSON (input names, scales)")
+    ap.add_argument("--eval", help="eval npz (default: next to the JSON)")
+    ap.add_argument("--runs", type=int, default=50)
+    args = ap.parse_args(argv)
+    meta = json.load(open(args.zoo_json))
+    npz = np.load(args.eval or args.zoo_json[:-5] + ".eval.npz")
+    feeds = {k: v[:1] for k, v in zoo_metrics.load_inputs(npz, meta).items()}
+    results = [profile(m, feeds, args.runs) for m in args.models]
+    ops = sorted(set().union(*results), key=lambda o: -max(r.get(o, 0) for r in results))
+    print("| op | " + " | ".join(os.path.basename(m) for m in args.models) + " |")
+    print("|---|" + "---|" * len(args.models))
+    for op in ops:
+        print(f"| {op} | " + " | ".join(f"{r.get(op, 0):.0f}" for r in results) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
