@@ -50,6 +50,7 @@ from qtool.finetune.interpreter import Interpreter
 from qtool.model.io import check_output_path, load_model, save_model
 from qtool.onnx_rewrite import train_graph as tg
 
+MAX_SKIPPED = 5  # consecutive steps with non-finite gradients skipped before the run gives up
 _TEACHER_STEP = 2**30  # past every delay: batch norms frozen (quantization is off for the teacher anyway)
 _MIN_RANGE = 1e-6
 
@@ -353,7 +354,10 @@ def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
                          1.0 if config.schedule == "cosine" else 0.0], jnp.float32)
     # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
     # compiles to the same program, so JAX's compilation cache serves it)
-    optimizer = optax.scale_by_adam()
+    # a step whose gradients are not finite is skipped (optax.apply_if_finite: no update, Adam's moments
+    # kept) rather than poisoning every parameter; MAX_SKIPPED in a row and the update goes through (the
+    # loss then stops the run with its message)
+    optimizer = optax.apply_if_finite(optax.scale_by_adam(), max_consecutive_errors=MAX_SKIPPED)
     opt_state = optimizer.init(params0)
     train_step = _train_step_fn(forward, graph.roles, config, optimizer)
     return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, hyper, opt_state,
@@ -568,7 +572,9 @@ def _train(run: _Run, train: _Data, validator: _Validator,
             out.loss_first = loss
         out.loss_last = loss
         if not math.isfinite(loss):
-            raise QtoolError(f"the loss became {loss} at step {step}: lower the learning rate "
+            skipped = int(opt_state.total_notfinite)
+            why = f" after {skipped} step(s) whose gradients were not finite (skipped)" if skipped else ""
+            raise QtoolError(f"the loss became {loss} at step {step}{why}: lower the learning rate "
                              f"(now {config.learning_rate:g})")
         done = i + 1
         elapsed = time.perf_counter() - t_loop
@@ -584,6 +590,9 @@ def _train(run: _Run, train: _Data, validator: _Validator,
         if progress is not None and (validate or done % report_every == 0 or done == 1):
             progress(FinetuneProgress(step + 1, config.steps, loss, elapsed, eta, metric_name if validate else None, m))
     loop_seconds = time.perf_counter() - t_loop
+    skipped = int(opt_state.total_notfinite)
+    if skipped:
+        notes.append(f"{skipped} step(s) were skipped: their gradients were not finite (no update applied)")
     _note_kept_best(out, config, metric_name, notes)
     out.seconds_per_step = ((time.perf_counter() - t_after_first) / max(1, steps_run - 1) if steps_run > 1
                             else loop_seconds)
