@@ -209,10 +209,23 @@ def _summary(report: dict) -> list[str]:
         row = [m["name"], fmt_db(o["sqnr_db"]), first] if values else [m["name"], first, fmt_db(o["sqnr_db"])]
         rows.append(row + [advice.verdict(report, m).level])
     parts.append(_table(header, rows, [False, True, True, False]))
+    parts += _latency(report)
     if main is not None:
         parts += _costly_layers(main)
     parts.append("</section>")
     return parts
+
+
+def _latency(report: dict) -> list[str]:
+    """``--latency``: each model's one-thread time, as a multiple of float's measured in the same loop."""
+    lat = report.get("latency")
+    if not lat:
+        return []
+    rows = [["float", f"{lat['float_ms']:.3f}", "1.00x"]]
+    rows += [[m["name"], f"{m['ms']:.3f}", f"{m['x_float']:.2f}x" + (" (slower than float)" if m["x_float"] > 1 else "")]
+             for m in lat["models"]]
+    return [f"<p>Latency in onnxruntime: one thread, batch 1, median of {lat['rounds']} interleaved runs "
+            "(thread CPU time).</p>", _table(["model", "ms", "x float"], rows, [False, True, False])]
 
 
 def _costly_layers(model: dict) -> list[str]:

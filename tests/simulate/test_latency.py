@@ -57,3 +57,13 @@ def test_cli(quantized, tmp_path, args, rounds):
 def test_bad_rounds_are_refused():
     with pytest.raises(QtoolError, match="latency rounds must be a non-negative integer"):
         SimulateConfig(latency_rounds=-1)
+
+
+def test_the_html_report_has_the_latency_table(quantized, tmp_path):
+    res = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "eval.npz"),
+                   SimulateConfig(quantized=[str(quantized)], latency_rounds=3, histograms=True))
+    path = tmp_path / "r.html"
+    res.write_html(str(path))
+    page = path.read_text()
+    ratio = res.to_dict()["latency"]["models"][0]["x_float"]
+    assert "Latency in onnxruntime: one thread, batch 1, median of 3" in page and f"{ratio:.2f}x" in page
