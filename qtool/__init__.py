@@ -10,7 +10,7 @@ every command's function is in :mod:`qtool.api` (``qtool.api.calibrate``,
 
 from importlib import import_module as _import_module
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> module that defines it
 _LAZY = {
