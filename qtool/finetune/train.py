@@ -62,14 +62,15 @@ class _Data:
     labels: np.ndarray | None
     num: int
     source: str
-    fixed_batch: int | None = None  # the model's static batch size, if it has one
-    loaded: CalibrationData | None = None  # how each input is fed (its batch axis)
+    loaded: CalibrationData  # how each input is fed (its batch axis), the model's static batch size
+
+    @property
+    def fixed_batch(self) -> int | None:
+        return self.loaded.fixed_batch
 
     def feed(self, rows) -> dict:
         """The model's inputs for ``rows`` (a slice or sorted indices), on the device."""
-        arrays = self.loaded.select(self.inputs, rows) if self.loaded is not None else \
-            {k: v[rows] for k, v in self.inputs.items()}
-        return {k: jnp.asarray(v) for k, v in arrays.items()}
+        return {k: jnp.asarray(v) for k, v in self.loaded.select(self.inputs, rows).items()}
 
 
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
@@ -100,7 +101,7 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
                 raise QtoolError(f"{what} labels '{labels_key}' must be integer class ids, got {labels.dtype}")
     # training samples batches in random order: the arrays are read whole (calibration streams them)
     arrays = {name: np.asarray(a) for name, a in data.arrays.items()}
-    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data.fixed_batch, data)
+    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data)
 
 
 # --- the contract ---------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from qtool.model.constants import is_constant
 from qtool.model.graph import GraphView
+from qtool.model.layers import weight_is_quantized
 
 @dataclass(frozen=True)
 class Step:
@@ -129,9 +130,7 @@ def _constant_operand(value: ir.Value) -> bool:
     """A constant, or a dequantized one (a bias Add that rewrite-eval already stored as int32)."""
     if is_constant(value):
         return True
-    producer = value.producer()
-    return (producer is not None and producer.domain == "" and producer.op_type == "DequantizeLinear"
-            and bool(producer.inputs) and is_constant(producer.inputs[0]))
+    return weight_is_quantized(value) and bool(value.producer().inputs) and is_constant(value.producer().inputs[0])
 
 
 def with_constant_operand(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
