@@ -23,18 +23,15 @@ import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import deploy  # noqa: E402
 import zoo_metrics  # noqa: E402
 
 
 def profile(path: str, feeds: dict, runs: int, warmup: int = 10) -> dict[str, float]:
     """Microseconds per run per op type."""
     with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
+        so = deploy.session_options()  # the benchmark's one-thread options, plus profiling
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "prof")
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
