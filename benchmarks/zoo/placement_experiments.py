@@ -28,7 +28,11 @@ from collections import Counter
 import numpy as np
 import onnx
 import onnxruntime as ort
+
 from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import deploy  # noqa: E402  (benchmarks/deploy.py: the one-thread session options)
 
 FLOAT_LAYER = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcFusedConv",
                "MatMulNBits"}  # MatMulNBits: int8 weights, float activations
@@ -249,14 +253,7 @@ def quantize(model: onnx.ModelProto, ranges, tensors: set[str], *, fixed=None, p
 # measurement
 # ----------------------------------------------------------------------------------------------
 def _so(opt=None):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    if opt:
-        so.optimized_model_filepath = opt
-    return so
+    return deploy.session_options(opt)  # the benchmark's one-thread options
 
 
 def optimized_ops(model: onnx.ModelProto, tmp: str) -> list[str]:
