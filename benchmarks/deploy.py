@@ -69,6 +69,20 @@ def session_options(optimized_path: str | None = None) -> ort.SessionOptions:
     return so
 
 
+def median_seconds(sessions: dict, feeds: dict, rounds: int, warmup: int) -> dict[str, float]:
+    """Median thread CPU seconds of one ``run`` of each session on ``feeds``, the sessions interleaved
+    round-robin (``warmup`` untimed rounds first): the timing every zoo benchmark uses."""
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for r in range(warmup + rounds):
+        for name, sess in sessions.items():
+            t = time.thread_time()
+            sess.run(None, feeds)
+            dt = time.thread_time() - t
+            if r >= warmup:
+                times[name].append(dt)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def graph_ops(path: str, float_layers: list | None = None) -> Counter:
     """Op types of a model (subgraphs included); names of float layer nodes go to ``float_layers``."""
     ops = Counter()
@@ -192,16 +206,9 @@ def bench_model(name: str, rounds: int, warmup: int, tmp: str) -> dict:
         except Exception as e:
             info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
-    times = {v: [] for v in sessions}
-    for r in range(warmup + rounds):
-        for variant, sess in sessions.items():
-            t = time.thread_time()
-            sess.run(None, one)
-            dt = time.thread_time() - t
-            if r >= warmup:
-                times[variant].append(dt)
-    for variant, ts in times.items():
-        row["variants"][variant]["latency_ms"] = 1000 * statistics.median(ts)
+    times = median_seconds(sessions, one, rounds, warmup)
+    for variant, seconds in times.items():
+        row["variants"][variant]["latency_ms"] = 1000 * seconds
     base = row["variants"]["float"].get("latency_ms")
     for variant in times:
         if base:

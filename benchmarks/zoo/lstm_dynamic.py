@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -74,19 +72,13 @@ def main(argv=None) -> int:
                                                        or k in deploy.INT_LAYER_OPS or k in deploy.FLOAT_LAYER_OPS
                                                        or k in ("QuantizeLinear", "DequantizeLinear")}}
             sessions[variant] = sess
-        times = {v: [] for v in sessions}
-        for r in range(args.warmup + args.rounds):
-            for variant, sess in sessions.items():
-                t = time.thread_time()
-                sess.run(None, one)
-                if r >= args.warmup:
-                    times[variant].append(time.thread_time() - t)
-    base = statistics.median(times["float"])
+        times = deploy.median_seconds(sessions, one, args.rounds, args.warmup)
+    base = times["float"]
     print(f"| variant | {meta['metric']} | ms | x float | optimized graph |")
     print("|---|---|---|---|---|")
     for variant, row in rows.items():
-        row["latency_ms"] = 1000 * statistics.median(times[variant])
-        row["ratio"] = statistics.median(times[variant]) / base
+        row["latency_ms"] = 1000 * times[variant]
+        row["ratio"] = times[variant] / base
         ops = ", ".join(f"{k} x{n}" for k, n in row["ops"].items())
         print(f"| {variant} | {row['metric']:.2f} | {row['latency_ms']:.3f} | {row['ratio']:.2f}x | {ops} |")
     print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup}, batch 1, one thread, "

@@ -28,10 +28,8 @@ import argparse
 import re
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnx
@@ -41,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import zoo_metrics  # noqa: E402
-from deploy import graph_ops, layer_counts, session_options  # noqa: E402
+from deploy import graph_ops, layer_counts, median_seconds, session_options  # noqa: E402
 
 
 def _index(graph):
@@ -162,19 +160,13 @@ def main(argv=None) -> int:
             info[name] = layer_counts(graph_ops(opt))
             sessions[name] = ort.InferenceSession(path, session_options(), providers=["CPUExecutionProvider"])
         ref = sessions["float"].run(None, feeds)
-        times = {n: [] for n in sessions}
-        for r in range(args.warmup + args.rounds):
-            for name, sess in sessions.items():
-                t = time.thread_time()
-                sess.run(None, one)
-                if r >= args.warmup:
-                    times[name].append(time.thread_time() - t)
-        f_ms = 1000 * statistics.median(times["float"])
+        times = median_seconds(sessions, one, args.rounds, args.warmup)
+        f_ms = 1000 * times["float"]
         print(f"{os.path.basename(args.int8_model)}: {args.rounds} rounds")
         print("| variant | pairs removed | ms | x float | float layers | int layers | Q+DQ in optimized graph | max abs diff vs float |")
         print("|---|---|---|---|---|---|---|---|")
         for name, sess in sessions.items():
-            ms = 1000 * statistics.median(times[name])
+            ms = 1000 * times[name]
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(sess.run(None, feeds), ref))
             c = info[name]
             print(f"| {name} | {removed.get(name, '-')} | {ms:.2f} | {ms / f_ms:.2f}x | {c['float_layers']} | "

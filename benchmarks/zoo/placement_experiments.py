@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from collections import Counter
 
 import numpy as np
@@ -284,19 +282,13 @@ def run_pattern(title: str, float_model: onnx.ModelProto, feeds, variants: dict,
         err = float(np.max(np.abs(sess.run(None, feeds)[0] - ref)))
         sessions[name] = sess
         rows[name] = (summarize(ops), err, sum(1 for n in m.graph.node if n.op_type == "QuantizeLinear"))
-    times = {n: [] for n in sessions}
-    for r in range(rounds + 10):
-        for n, s in sessions.items():
-            t = time.thread_time()
-            s.run(None, feeds)
-            if r >= 10:
-                times[n].append(time.thread_time() - t)
-    base = statistics.median(times["float"])
+    times = deploy.median_seconds(sessions, feeds, rounds, 10)
+    base = times["float"]
     print(f"\n### {title}\n")
     print("| variant | Q inserted | float layers | int layers | Q+DQ left | latency ms (x float) | max err | optimized graph ops |")
     print("|---|---|---|---|---|---|---|---|")
     for name, ((fl, il, qdq, other), err, nq) in rows.items():
-        ms = statistics.median(times[name])
+        ms = times[name]
         print(f"| {name} | {nq} | {fl} | {il} | {qdq} | {1000 * ms:.3f} ({ms / base:.2f}x) | {err:.3g} | {other} |")
     sys.stdout.flush()
 

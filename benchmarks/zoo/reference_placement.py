@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import onnx
@@ -196,7 +194,7 @@ def main():
     globals()["MODELS"] = args.zoo
     names = sorted(f[:-5] for f in os.listdir(args.zoo) if f.endswith(".json"))
     args.models = args.models or ",".join(names)
-    from deploy import graph_ops, layer_counts, run_all, session_options
+    from deploy import graph_ops, layer_counts, median_seconds, run_all, session_options
 
     print("| model | metric | float | reference | float ms | reference ms (x float) | float layers left | int layers | Q inserted |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -213,14 +211,9 @@ def main():
                 ort.InferenceSession(p, session_options(opt), providers=["CPUExecutionProvider"])
                 s = ort.InferenceSession(p, session_options(), providers=["CPUExecutionProvider"])
                 res[v] = {"sess": s, "counts": layer_counts(graph_ops(opt)),
-                          "metric": zoo_metrics.evaluate(meta, run_all(s, feeds), evals)[meta["metric"]], "t": []}
-            for r in range(args.rounds + 10):
-                for v in ("float", "ref"):
-                    t = time.thread_time()
-                    res[v]["sess"].run(None, one)
-                    if r >= 10:
-                        res[v]["t"].append(time.thread_time() - t)
-            ms = {v: 1000 * statistics.median(res[v]["t"]) for v in res}
+                          "metric": zoo_metrics.evaluate(meta, run_all(s, feeds), evals)[meta["metric"]]}
+            seconds = median_seconds({v: res[v]["sess"] for v in res}, one, args.rounds, 10)
+            ms = {v: 1000 * s for v, s in seconds.items()}
             c = res["ref"]["counts"]
             print(f"| {name} | {meta['metric']} | {res['float']['metric']:.1f} | {res['ref']['metric']:.1f} | {ms['float']:.2f} "
                   f"| {ms['ref']:.2f} ({ms['ref'] / ms['float']:.2f}x) | {c['float_layers']} | {c['int_layers']} | {nq} |",
