@@ -13,9 +13,11 @@ It prints the accuracies on the held-out samples, the minutes fine-tuning took,
 seconds per step (after the first, compiling step), the process's peak
 resident memory, and how far the deployed model is from the tuned training
 graph run by onnxruntime (quantization on, batch norms frozen): top-1
-agreement and SQNR, with the training graph as it is (its activation ranges
-updated with the evaluated batch, TF's ``assign`` outputs) and with its
-ranges held (EMA decay 0: the stored ranges, which the deployed model uses).
+agreement and SQNR, with the tuned graph as it is (fed the data and the step;
+its ``qtool_range_update`` default is 0 in a tuned file, so it holds its
+ranges) and with its ranges held by ``held_ranges`` (EMA decay 0: the stored
+ranges, which the deployed model uses). The two agree since the tuned file's
+default changed; before, "as is" moved the ranges with the evaluated batch.
 
 Setups: ``calib``: train on the 100 calibration samples, evaluate on the 500
 of eval.npz. ``split``: train on the calibration samples plus the first 250

@@ -215,7 +215,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     validator = _build_validator(run, val)
     trained = _train(run, train, validator, progress, notes)
     if output is not None:
-        _save_tuned(graph.ir_model, output, config, trained, validator.metric_name)
+        _save_tuned(graph.ir_model, output, config, trained, validator.metric_name, graph.roles.range_update)
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     n_values = int(sum(int(np.prod(v.shape)) for v in run.params0.values()))
@@ -386,11 +386,15 @@ def _forward_fn(graph: _Graph) -> Callable:
     step_input = graph.roles.step_input
     weight_prefixes = tuple(p + "/" for p in graph.roles.weight_prefixes)
 
+    # training moves the activation ranges (TF's EMA) whatever the file's default: a tuned file holds them
+    moving = {} if graph.roles.range_update is None else {graph.roles.range_update: jnp.float32(1.0)}
+
     def range_grad(node_name: str) -> bool:  # TF's last-value weight ranges are not trained
         return not node_name.startswith(weight_prefixes)
 
     def forward(feed, batch, step, quantized):
-        return interp.run({**feed, **batch, step_input: step}, fake_quant=quantized, range_grad=range_grad)
+        return interp.run({**moving, **feed, **batch, step_input: step}, fake_quant=quantized,
+                          range_grad=range_grad)
 
     return forward
 
@@ -609,10 +613,14 @@ def _note_kept_best(trained: _Trained, config: FinetuneConfig, metric_name: str,
 
 
 # --- write back -------------------------------------------------------------------------------------------------------
-def _save_tuned(ir_model, output: str, config: FinetuneConfig, trained: _Trained, metric_name: str) -> None:
-    """The kept values into the graph, the run recorded in its ``qtool.finetune`` metadata; saved atomically."""
+def _save_tuned(ir_model, output: str, config: FinetuneConfig, trained: _Trained, metric_name: str,
+                range_update: str | None) -> None:
+    """The kept values into the graph, the run recorded in its ``qtool.finetune`` metadata; saved atomically.
+    The range-update input's default becomes 0: the tuned graph run as is holds its trained ranges and
+    computes what ``rewrite-eval`` deploys (``finetune`` itself feeds 1 while it trains)."""
     _, best_step, best_params, best_state = trained.best
-    _write_back(ir_model, {**best_params, **best_state}, {
+    held = {} if range_update is None else {range_update: np.float32(0.0)}
+    _write_back(ir_model, {**best_params, **best_state, **held}, {
         "version": 1,
         "step": config.steps,
         "best_step": best_step,

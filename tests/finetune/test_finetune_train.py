@@ -80,28 +80,48 @@ def test_the_tuned_file_has_the_same_contract_and_the_input_is_unchanged(tuned):
     assert "conv2.weight" in changed and "fc.bias" in changed and "bn1.weight" in changed
     assert any(k.endswith("act_quant/max") for k in changed)  # trained ranges
     assert any(k.endswith("moving_mean") for k in changed) is False  # frozen from step 0: not updated
-    assert changed <= set(contract["parameters"]) | set(contract["state"])
+    assert changed <= set(contract["parameters"]) | set(contract["state"]) | {"qtool_range_update"}
+    assert a["qtool_range_update"] == 1.0 and b["qtool_range_update"] == 0.0  # run as is: ranges held
 
 
-def test_the_tuned_graph_computes_the_validated_accuracy_in_onnxruntime(tuned):
+def _logits(path, feeds):
     import onnxruntime as ort
 
-    data = np.load(EVAL)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(tuned["out"]), options, providers=["CPUExecutionProvider"])
-    logits = session.run(["logits"], {"input": data["input"], "qtool_step": np.array(10**6, np.int64)})[0]
-    accuracy = float(np.mean(logits.argmax(1) == data["labels"]))
-    assert accuracy == pytest.approx(tuned["result"].after, abs=0.005)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+
+
+def test_the_tuned_graph_run_as_is_is_the_deployed_model_bit_for_bit(tuned, tmp_path):
+    """Fed only the data and the step (onnxruntime, quantization on, batch norms frozen), the tuned graph
+    computes the validated accuracy and the logits of ``rewrite-eval``'s model, bit for bit."""
+    from qtool.api import rewrite_eval
+
+    data = np.load(EVAL)
+    as_is = _logits(tuned["out"], {"input": data["input"], "qtool_step": np.array(10**6, np.int64)})
+    accuracy = float(np.mean(as_is.argmax(1) == data["labels"]))
+    assert accuracy == pytest.approx(tuned["result"].after, abs=1e-9)
+    deploy = tmp_path / "deploy.onnx"
+    rewrite_eval(str(tuned["out"]), str(deploy))
+    deployed = _logits(deploy, {"input": data["input"]})
+    assert np.array_equal(as_is.view(np.uint32), deployed.view(np.uint32))
 
 
 def test_resume_continues_the_schedule(tuned, tmp_path):
     out = tmp_path / "resumed.onnx"
     r = finetune(str(tuned["out"]), str(CALIB), str(out),
-                 FinetuneConfig(steps=STEPS + 10, learning_rate=1e-3, resume=True, validation_data=str(EVAL),
-                                validation_labels="labels", validate_every=10))
+                 FinetuneConfig(steps=STEPS + 10, learning_rate=1e-12, resume=True, validation_data=str(EVAL),
+                                validation_labels="labels", validate_every=10, keep_best=False))
     assert (r.start_step, r.end_step, r.steps_run) == (STEPS, STEPS + 10, 10)
     assert r.before == pytest.approx(tuned["result"].after)  # it starts from the tuned values
+    # the tuned file holds its ranges when run, but training it again moves them with the batches (TF's
+    # EMA: finetune feeds qtool_range_update = 1; the learning rate is ~0, so only the EMA moves them);
+    # the input's range is [0, 1] and so is every batch's
+    ranges = {q["max"] for q in json.loads({p.key: p.value for p in onnx.load(out).metadata_props}
+                                           ["qtool.training"])["activation_quantizers"]}
+    before = {t.name: numpy_helper.to_array(t) for t in onnx.load(tuned["out"]).graph.initializer}
+    after = {t.name: numpy_helper.to_array(t) for t in onnx.load(out).graph.initializer}
+    assert {n for n in ranges if after[n] == before[n]} == {"input/input_quant/max"}
     assert json.loads({p.key: p.value for p in onnx.load(out).metadata_props}[FINETUNE_METADATA_KEY])["step"] == STEPS + 10
     with pytest.raises(QtoolError, match=f"already trained to step {STEPS}"):
         finetune(str(tuned["out"]), str(CALIB), str(tmp_path / "x.onnx"), FinetuneConfig(steps=STEPS, resume=True))
