@@ -113,6 +113,10 @@ class _HostBackend:
     def fill(a, value):
         a.fill(value)
 
+    @staticmethod
+    def copy(dst, src):
+        np.copyto(dst, src)
+
 
 class _CudaBackend:
     """Device arrays and the CUDA kernels. One instance per call (it remembers the ``out`` view)."""
@@ -172,6 +176,9 @@ class _CudaBackend:
 
     def fill(self, a, value):
         self.kernels.fill_int32(a.ravel(), value)
+
+    def copy(self, dst, src):
+        self.kernels.copy_into(dst, src)
 
 
 _HOST = _HostBackend()
@@ -704,19 +711,16 @@ def quantize_and_dequantize_v2_gradient(
     if g.dtype != x.dtype:
         raise ValueError(f"gradients and input must have the same dtype, got {g.dtype} and {x.dtype}")
     dtype = x.dtype.type
-    # pass-through multiplies every gradient by one (exact: g * 1 == g, NaN and -0.0 included)
-    one, zero = dtype(1), dtype(1 if pass_through else 0)
     res = be.output(out, x.shape, x.dtype)
-    if axis is None:
-        lo = _qdq_range_arg(input_min, "input_min", dtype, None)
-        hi = _qdq_range_arg(input_max, "input_max", dtype, None)
-        if x.size:
-            be.kernels.qdq_tensor_grad(be.flat(g), be.flat(x), be.flat(res), lo[0], hi[0], one, zero)
+    depth, inner = (None, None) if axis is None else _axis_layout(x.shape, _norm_axis(axis, x.ndim))
+    lo = _qdq_range_arg(input_min, "input_min", dtype, depth)
+    hi = _qdq_range_arg(input_max, "input_max", dtype, depth)
+    if not x.size:
+        pass
+    elif pass_through:  # a copy, not g * 1: a GPU's arithmetic on a NaN returns the canonical NaN, not its payload
+        be.copy(res, g)
+    elif axis is None:
+        be.kernels.qdq_tensor_grad(be.flat(g), be.flat(x), be.flat(res), lo[0], hi[0], dtype(1), dtype(0))
     else:
-        ax = _norm_axis(axis, x.ndim)
-        depth, inner = _axis_layout(x.shape, ax)
-        lo = _qdq_range_arg(input_min, "input_min", dtype, depth)
-        hi = _qdq_range_arg(input_max, "input_max", dtype, depth)
-        if x.size:
-            be.kernels.qdq_axis_grad(be.flat(g), be.flat(x), be.flat(res), depth, inner, lo, hi, one, zero)
+        be.kernels.qdq_axis_grad(be.flat(g), be.flat(x), be.flat(res), depth, inner, lo, hi, dtype(1), dtype(0))
     return be.finish(res, out)

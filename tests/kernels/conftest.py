@@ -2,6 +2,10 @@
 
 Normal runs: nothing happens here but the ``cpu_only`` marker.
 
+On a machine with a GPU, ``QTOOL_TEST_DEVICE=cuda pytest tests/kernels --ignore
+tests/kernels/test_cuda.py --ignore tests/kernels/test_cuda_ptx.py`` runs the same pass on the real
+device, at full sizes and hypothesis example counts.
+
 With ``QTOOL_TEST_DEVICE=cuda`` (set, together with ``NUMBA_ENABLE_CUDASIM=1``,
 by ``test_cuda.py::test_kernel_tests_pass_through_cuda_simulator``, which runs
 ``tests/kernels`` again in a subprocess) the public kernel functions are
@@ -11,9 +15,9 @@ the CPU returns scalars). Every kernel test then holds the CUDA kernels to the
 same expectations, bit for bit. In that pass
 
 * tests marked ``cpu_only`` are skipped;
-* a test that passes a tensor of more than ``SIM_MAX_ELEMENTS`` elements is
-  skipped at that call (the simulator runs a Python thread per CUDA thread);
-* hypothesis tests run at most ``SIM_EXAMPLES`` examples.
+* in the simulator, a test that passes a tensor of more than ``SIM_MAX_ELEMENTS``
+  elements is skipped at that call (the simulator runs a Python thread per CUDA
+  thread), and hypothesis tests run at most ``SIM_EXAMPLES`` examples.
 
 Calls that name ``device=`` themselves are not touched.
 """
@@ -34,6 +38,7 @@ import numpy as np
 import pytest
 
 CUDA_PASS = os.environ.get("QTOOL_TEST_DEVICE") == "cuda"
+IN_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"  # else a real GPU: full sizes and examples
 SIM_MAX_ELEMENTS = 5000
 SIM_EXAMPLES = 10
 
@@ -108,7 +113,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         fn = getattr(item, "obj", None)
         current = getattr(fn, "_hypothesis_internal_use_settings", None)
-        if current is not None and current.max_examples > SIM_EXAMPLES:
+        if IN_SIMULATOR and current is not None and current.max_examples > SIM_EXAMPLES:
             fn._hypothesis_internal_use_settings = settings(current, max_examples=SIM_EXAMPLES)
 
 
@@ -129,7 +134,7 @@ def _to_device(v):
 
     if not (isinstance(v, np.ndarray) and v.dtype.kind in "fiub"):
         return v  # lists, scalars, odd dtypes: the API converts or rejects them itself
-    if v.size > SIM_MAX_ELEMENTS:
+    if IN_SIMULATOR and v.size > SIM_MAX_ELEMENTS:
         pytest.skip(f"a {v.size}-element tensor is too large for the CUDA simulator pass")
     return cuda.to_device(v if v.flags.c_contiguous else v.copy())
 
