@@ -186,6 +186,29 @@ def _reduce_config(n: int, cols: int):
 
 
 # --- kernels -----------------------------------------------------------------------------------
+@cuda.jit(device=True, inline=True)
+def _outside_sums(g, x, lo, hi, s_min, s_max):
+    """A gradient into the running float64 sums of the gradients below ``lo`` / above ``hi``."""
+    if x < lo:
+        s_min += g
+    elif x > hi:
+        s_max += g
+    return s_min, s_max
+
+
+@cuda.jit(device=True, inline=True)
+def _minmax_take(v, i, lo, hi, z):
+    """One element into a thread's running (min, max, last zero index); NaN is skipped."""
+    if v == v:
+        if v < lo:
+            lo = v
+        if v > hi:
+            hi = v
+        if v == 0:
+            z = i  # i increases: this thread's last zero
+    return lo, hi, z
+
+
 def _fq_kernels(S, P):
     """FakeQuant kernels (float32 only): ``S`` the float32 scalar math, ``P`` its primitives."""
     fq_mul = S.fq_mul
@@ -279,15 +302,21 @@ def _fq_kernels(S, P):
             hi_c = hi[c]
             i = (np.int64(cuda.blockIdx.y) * by + ty) * cols2 + q
             step = np.int64(cuda.gridDim.y) * by * cols2
-            while i < n:
+            while i + step < n:  # two rows' loads in flight per thread, then added in row order
+                x0 = x[i]
+                g0 = g[i]
+                x1 = x[i + step]
+                g1 = g[i + step]
+                out[i] = masked(g0, x0, lo_c, hi_c)
+                out[i + step] = masked(g1, x1, lo_c, hi_c)
+                s_min, s_max = _outside_sums(g0, x0, lo_c, hi_c, s_min, s_max)
+                s_min, s_max = _outside_sums(g1, x1, lo_c, hi_c, s_min, s_max)
+                i += 2 * step
+            if i < n:
                 xi = x[i]
                 gi = g[i]
                 out[i] = masked(gi, xi, lo_c, hi_c)
-                if xi < lo_c:
-                    s_min += gi
-                elif xi > hi_c:
-                    s_max += gi
-                i += step
+                s_min, s_max = _outside_sums(gi, xi, lo_c, hi_c, s_min, s_max)
         k = ty * bx + tx
         sh_min[k] = s_min
         sh_max[k] = s_max
@@ -455,15 +484,18 @@ def minmax_reduce(x, acc_lo, acc_hi, zidx, cols, cols2, inner, depth):
     if q < cols2:
         i = (np.int64(cuda.blockIdx.y) * by + ty) * cols2 + q
         step = np.int64(cuda.gridDim.y) * by * cols2
+        while i + 3 * step < n:  # four loads in flight per thread: a reduction is bound by memory latency
+            v0 = x[i]
+            v1 = x[i + step]
+            v2 = x[i + 2 * step]
+            v3 = x[i + 3 * step]
+            lo, hi, z = _minmax_take(v0, i, lo, hi, z)
+            lo, hi, z = _minmax_take(v1, i + step, lo, hi, z)
+            lo, hi, z = _minmax_take(v2, i + 2 * step, lo, hi, z)
+            lo, hi, z = _minmax_take(v3, i + 3 * step, lo, hi, z)
+            i += 4 * step
         while i < n:
-            v = x[i]
-            if v == v:
-                if v < lo:
-                    lo = v
-                if v > hi:
-                    hi = v
-                if v == 0:
-                    z = i  # i increases: this thread's last zero
+            lo, hi, z = _minmax_take(x[i], i, lo, hi, z)
             i += step
     k = ty * bx + tx
     sh_lo[k] = lo
