@@ -259,3 +259,34 @@ def test_a_matmul_bias_is_int32_only_where_onnxruntime_makes_a_gemm(tokens, tmp_
         assert ops["MatMulIntegerToFloat"] == 2 and ops["Gemm"] == 0
     train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
     assert len(train.contract["bias_quantizers"]) == int32_biases  # the training graph adds what is deployed
+
+
+def test_a_layer_inside_an_if_branch_is_reported_as_float(tmp_path):
+    """qtool does not rewrite subgraphs (silero VAD keeps its LSTM in an ``If``): the model still
+    deploys and runs, and the report names the layer in the branch instead of calling it quantized."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w")
+    w2 = numpy_helper.from_array(rng.normal(size=(8, 8, 3, 3)).astype(np.float32), "w2")
+    out = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 8, 16, 16])  # noqa: E731
+    then = helper.make_graph([helper.make_node("Conv", ["y", "w2"], ["t"], pads=[1, 1, 1, 1])], "then", [], [out("t")])
+    orelse = helper.make_graph([helper.make_node("Relu", ["y"], ["e"])], "else", [], [out("e")])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"]),
+         helper.make_node("If", ["flag"], ["z"], name="branch", then_branch=then, else_branch=orelse)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16]),
+              helper.make_tensor_value_info("flag", TensorProto.BOOL, [])], [out("z")], [w, w2])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(size=(4, 3, 16, 16)).astype(np.float32)
+    quantized, result = quantize(proto, {"x": x, "flag": np.array(True)})
+    left = result.summary["left_in_float"]
+    assert [(e["op"], e["reason"]) for e in left] == \
+        [("Conv", "inside If 'branch' (then_branch): qtool does not rewrite subgraphs")]
+    assert result.summary["counts"]["layers_quantized"] == 1
+    session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+    float_session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for flag in (True, False):
+        feeds = {"x": x, "flag": np.array(flag)}
+        want, got = float_session.run(None, feeds)[0], session.run(None, feeds)[0]
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

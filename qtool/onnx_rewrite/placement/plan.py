@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig
 from qtool.model.graph import GraphView
+from qtool.model.layers import LAYER_OPS
 from qtool.model.opset import inferred_types
 from qtool.onnx_rewrite.matcher import Match
 from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
@@ -297,7 +298,30 @@ class PlanContext:
         self.plan.left_in_float = [x for x in self._left.values()
                                    if not (x.reason.startswith("output not quantized")
                                            and id(by_name.get(x.node)) in done)]
+        self.plan.left_in_float += _layers_in_subgraphs(self.graph)
         return self.plan
+
+
+_SUBGRAPH_LAYER_OPS = (*LAYER_OPS, "LSTM", "GRU", "RNN")
+
+
+def _layers_in_subgraphs(graph: ir.Graph) -> list[LeftInFloat]:
+    """The layer ops inside If/Loop/Scan bodies (at any depth): they run in float, said so by name."""
+    left = []
+    for node in graph:
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                bodies = [attr.as_graph()]
+            elif attr.type == ir.AttributeType.GRAPHS:
+                bodies = list(attr.as_graphs())
+            else:
+                continue
+            where = f"inside {node.op_type} '{node.name or '(unnamed)'}' ({attr.name}): qtool does not rewrite subgraphs"
+            for body in bodies:
+                left += [LeftInFloat(n.name, n.op_type, where)
+                         for n in body if n.domain == "" and n.op_type in _SUBGRAPH_LAYER_OPS]
+                left += _layers_in_subgraphs(body)
+    return left
 
 
 class PlacementRule:
