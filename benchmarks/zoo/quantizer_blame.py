@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     print(row("int8", 0, outputs(base, feeds), ref, meta, npz))
     for variant in args.variants.split(","):
         model, removed = drop_pairs(base, set(variant.split("+")), keep=args.only)
-        print(row(("only " if args.only else "-") + variant, removed, outputs(model, feeds), ref, meta, npz), flush=True)
+        name = ("only " if args.only else "-") + variant
+        print(row(name, removed, outputs(model, feeds), ref, meta, npz), flush=True)
     model, removed = drop_pairs(base, set(), keep=True)
     print(row("weights only", removed, outputs(model, feeds), ref, meta, npz))
     return 0
