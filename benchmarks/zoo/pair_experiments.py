@@ -96,7 +96,8 @@ def _kind(tensor: str, producer: dict, consumers: dict) -> set[str]:
     return kinds
 
 
-def drop_pairs(model: onnx.ModelProto, kinds: set[str]) -> tuple[onnx.ModelProto, int]:
+def drop_pairs(model: onnx.ModelProto, kinds: set[str], keep: bool = False) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` without the activation pairs of ``kinds`` (``keep``: without all the others)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -109,7 +110,8 @@ def drop_pairs(model: onnx.ModelProto, kinds: set[str]) -> tuple[onnx.ModelProto
         x = q.input[0]
         found = _kind(x, producer, consumers)
         names = [k[3:] for k in kinds if k.startswith("re:")]
-        if not (found & kinds) and not any(re.search(r, f[5:]) for r in names for f in found if f.startswith("name:")):
+        chosen = bool(found & kinds) or any(re.search(r, f[5:]) for r in names for f in found if f.startswith("name:"))
+        if chosen == keep:
             continue
         dqs = [d for d in consumers.get(q.output[0], []) if d.op_type == "DequantizeLinear"]
         if len(dqs) != len(consumers.get(q.output[0], [])) or any(d.output[0] in outputs for d in dqs):

@@ -225,7 +225,7 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
         # a group's range is the union of its Concat inputs' batch ranges; a Concat's output adds nothing
         # (its values are its inputs') and it reads the fake-quantized inputs: a cycle if it were used
         batch = [values[real(m)] for m in plan_groups.get(point.group, [])
-                 if real(m) in values and not _concat_output(m)]
+                 if real(m) in values and not m.is_concat_output]
         encoder.encode_activation(tg.TrainActivationPoint(
             point.name, value, point.kind, point.rule, (lo, hi), "fixed" if point.fixed_range else
             ("calibration" if source == "calibration" else "default") if point.source is None else "carried",
@@ -300,10 +300,6 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
         point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
                                   channels, axes[planned.name] is not None, groups, saturate)
         encoder.encode_bias(point, x_fq, w_fq)
-
-
-def _concat_output(point) -> bool:
-    return point.producer is not None and point.producer.domain == "" and point.producer.op_type == "Concat"
 
 
 def _range_update_input(prepared: TrainGraph, graph: ir.Graph) -> ir.Value:

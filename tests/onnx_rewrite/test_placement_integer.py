@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from model_builders import Builder, x_data
+from model_builders import Builder, run, x_data
 
 import qtool
 from qtool.config import QuantConfig
@@ -135,8 +135,57 @@ def test_attention_runs_in_integers_with_the_mask_path_in_float(tmp_path):
     feeds = {"x": x_data(8, t, d), "mask": mask}
     ops, result = check_integer(b.proto([y]), feeds, tmp_path)
     acts = {a["tensor"]: a for a in result.summary["activations"]}
-    assert acts[probs]["kind"] == "softmax_quant" and acts[probs]["range"] == [0.0, 1.0]
+    assert acts[probs]["kind"] == "softmax_quant" and acts[probs]["range_source"] == "calibration"
     assert scores not in acts and additive not in acts  # the mask (-1e4) is never clipped
+
+
+def test_softmax_output_takes_its_calibrated_range_over_many_tokens(tmp_path):
+    """Attention over 128 tokens, close to uniform (probabilities ~1/128, one step of a fixed [0, 1]
+    grid): the Softmax output's range is [0, its calibrated max], in the eval and the training graph,
+    and [0, 1] without data."""
+    b = Builder(opset=17, named=False)
+    d, t = 16, 128
+    x = b.input("x", ["N", t, d])
+    y, probs, _ = attention(b, x, d)
+    feeds = {"x": x_data(4, t, d) * np.float32(0.3)}
+    observed = float(run(b.proto([probs]), feeds)[0].max())
+    assert observed < 0.25
+    _, result = check_integer(b.proto([y]), feeds, tmp_path)
+    acts = {a["tensor"]: a for a in result.summary["activations"]}
+    assert acts[probs]["range"][1] == pytest.approx(observed) and acts[probs]["nudged_range"][0] == 0
+    train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
+    trained = {a["tensor"]: a for a in train.summary["activations"]}
+    assert trained[probs]["initial_range"] == pytest.approx([0.0, observed])
+    _, no_data = quantize(b.proto([y]), None)
+    assert {a["tensor"]: a["range"] for a in no_data.summary["activations"]}[probs] == [0.0, 1.0]
+
+
+def test_a_concat_that_only_float_ops_read_is_not_quantized(tmp_path):
+    """A ViT's embedding: ``Concat(Expand(cls), patches) -> Add(pos) -> LayerNormalization``. No integer op
+    reads the Concat (the Add has a constant operand), so it runs in float with no pairs: on the patches'
+    grid the small class token would round to 0. The patch Conv and the MatMul stay integer."""
+    b = Builder(opset=17, named=False)
+    c, t = 16, 16
+    img = b.input("x", ["N", 3, 16, 16])
+    patches = b.conv(img, 3, c, k=4, pads=[0, 0, 0, 0], strides=[4, 4])
+    tokens = b.node("Transpose", [b.node("Reshape", [patches, b.const(np.array([0, c, -1], np.int64))])],
+                    perm=[0, 2, 1])
+    shape = b.node("Add", [b.node("Mul", [b.node("Shape", [tokens]), b.const(np.array([1, 0, 1], np.int64))]),
+                           b.const(np.array([0, 1, 0], np.int64))])
+    cls = b.node("Expand", [b.const((x_data(1, 1, c) * 0.005).astype(np.float32)), shape])
+    cat = b.node("Concat", [cls, tokens], axis=1)
+    pos = b.node("Add", [cat, b.const((x_data(1, t + 1, c) * 0.02).astype(np.float32))])
+    ln = b.node("LayerNormalization", [pos, b.const(np.ones(c, np.float32)), b.const(np.zeros(c, np.float32))],
+                axis=-1)
+    y = b.matmul(ln, c, 8)
+    feeds = {"x": x_data(4, 3, 16, 16)}
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConv"])
+    quantized = {a["tensor"] for a in result.summary["activations"]}
+    assert not quantized & {cls, cat} and ops["QLinearConcat"] == 0
+    session = ort.InferenceSession(ir.serde.serialize_model(result.model).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got, (want,) = session.run(None, feeds)[0], run(b.proto([y]), feeds)
+    assert np.max(np.abs(got[:, 0] - want[:, 0])) < 0.1 * np.max(np.abs(want[:, 0]))  # the class token's row
 
 
 def test_gelu_mlp_and_layernorm_residual_run_in_integers(tmp_path):

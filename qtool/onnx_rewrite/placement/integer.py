@@ -28,7 +28,9 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
     with no requantization), except an input right after a layer's Relu/Clip
     when another input can be negative (it keeps its own range, so the
     activation still fuses into the layer's integer kernel);
-  - a Softmax output uses the fixed range [0, 1].
+  - a Softmax output gets its calibrated range ``[0, max]`` ([0, 1] without data), not the fixed
+    [0, 1]: with ~200 tokens attention probabilities are ~1/200, about one step of the fixed grid
+    (scale 1/255), and the zoo ViT's first-block attention rounded away (docs/spec-changes.md).
 - :class:`RecurrentLayers`: an LSTM with constant float32 ``W``/``R`` runs as onnxruntime's
   ``com.microsoft.DynamicQuantizeLSTM`` (int8 weights stored by qtool, the input and hidden state
   quantized by the kernel at run time: 0.58x float on the zoo tagger per channel, 0.50x per tensor,
@@ -63,7 +65,7 @@ ACTIVATION_FUNCTIONS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "
                         "Selu", "Gelu", "Softplus", "Mish")
 # pooling: a new (smaller) range
 POOLING_OPS = ("GlobalAveragePool", "AveragePool", "ReduceMean")
-SOFTMAX_RANGE = (0.0, 1.0)
+SOFTMAX_RANGE = (0.0, 1.0)  # a Softmax output's range without calibration data
 # ops onnxruntime runs in integers when Q/DQ surround them (QDQ selectors), for the float-op report
 INTEGER_KERNELS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Sigmoid", "LeakyRelu", "Concat",
                    "GlobalAveragePool", "AveragePool", "Softmax", "Relu", "Clip", *CARRY_OPS}
@@ -145,7 +147,8 @@ class IntegerOps(PlacementRule):
             self._concat(ctx, node)
         elif op == "Softmax":
             ctx.add_activation(node.outputs[0], "softmax_quant", context_of(node.name or op),
-                               "Softmax output: fixed range [0, 1]", node, fixed_range=SOFTMAX_RANGE)
+                               "Softmax output: calibrated range [0, max] ([0, 1] without data)", node,
+                               default=SOFTMAX_RANGE)
 
     @staticmethod
     def _carry(ctx, node):
@@ -269,7 +272,12 @@ class UnreadQuantizers(PlacementRule):
       chains with a pair per step; without them onnxruntime fuses the GELU in float between
       MatMulIntegerToFloat and the next layer's pair (BERT at sequence 128: 0.49x float against
       0.53x, 48 Q/DQ left against 76; FINDINGS.md section 6). A tensor that a LayerNormalization
-      reads keeps its pair (QLinearAdd before a float LayerNormalization, FINDINGS.md section 2).
+      reads keeps its pair (QLinearAdd before a float LayerNormalization, FINDINGS.md section 2);
+    - a Concat output that only float ops read, with the input pairs that only this Concat needed; its
+      other inputs get their own ranges back (the union is for QLinearConcat). A ViT's
+      ``Concat(Expand(cls), patches)`` feeds ``Add(pos)`` and a LayerNormalization: on the union's
+      grid the class token (|cls| < half a step) rounded to 0, which cost the zoo ViT 8 points of
+      top-1 agreement with float (docs/spec-changes.md).
     Candidates go last to first in graph order, so a chain is dropped from its float end back (an
     Add/Mul reads as integer only while its own output is quantized).
     A Conv/Gemm output keeps its pair: QLinearConv and QGemm need it."""
@@ -280,9 +288,10 @@ class UnreadQuantizers(PlacementRule):
         sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
         order = {id(n): i for i, n in enumerate(ctx.graph)}
         points = [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
-                  and p.group is None and id(p) not in sources
-                  and (_matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
-                       or _float_read_computation(ctx, p.value))]
+                  and id(p) not in sources
+                  and (p.is_concat_output or p.group is None and (
+                      _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
+                      or _float_read_computation(ctx, p.value)))]
         return sorted(points, key=lambda p: -order.get(id(p.value.producer()), -1))
 
     def check(self, ctx, point):
@@ -298,6 +307,24 @@ class UnreadQuantizers(PlacementRule):
 
     def apply(self, ctx, point):
         ctx.drop_activation(point)
+        if point.is_concat_output:
+            _drop_concat_group(ctx, point)
+
+
+def _drop_concat_group(ctx: PlanContext, output: ActivationPoint) -> None:
+    """After a Concat's output pair: the input pairs that only the Concat needed go too, and the group
+    goes when no Concat output is left in it (its members take their own ranges)."""
+    sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
+    for x in _variable_inputs(ctx, output.producer):
+        point = ctx.point(x)
+        if (point is not None and point.kind == "concat_input_quant" and point.group == output.group
+                and id(point) not in sources
+                and not any(_integer_reader(ctx, r) for r in _readers_through_carries(ctx, x))):
+            ctx.drop_activation(point)
+    members = ctx.plan.groups().get(output.group, [])
+    if not any(m.is_concat_output for m in members):
+        for m in members:
+            m.group = None
 
 
 def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:

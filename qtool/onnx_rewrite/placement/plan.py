@@ -55,8 +55,9 @@ class WeightPoint:
 class ActivationPoint:
     """A tensor to quantize, and where its range comes from (one of):
 
-    - its own calibration (the default);
-    - ``fixed_range``: a range known in advance (a Softmax output is in [0, 1]);
+    - its own calibration (the default; ``default``, when given, is the range without data: a
+      Softmax output is in [0, 1]);
+    - ``fixed_range``: a range known in advance, never calibrated;
     - ``source``: the quantizer it carries through a shape op (Reshape, Transpose, MaxPool ...):
       the same range, so the op runs on the integers without requantization;
     - ``group``: tensors that must share one range (a Concat's inputs and output): the union of
@@ -73,6 +74,7 @@ class ActivationPoint:
     source: ActivationPoint | None = None
     fixed_range: tuple[float, float] | None = None
     group: int | None = None
+    default: tuple[float, float] | None = None  # the range without data (else TF's defaults)
 
     @property
     def name(self) -> str:
@@ -84,12 +86,19 @@ class ActivationPoint:
             return self.fixed_range
         if self.source is not None:
             return self.source.default_range
+        if self.default is not None:
+            return self.default
         return DEFAULT_RANGE_AFTER_ACTIVATION if self.after_activation else DEFAULT_RANGE
 
     @property
     def calibrated(self) -> bool:
         """Its range is observed on data (its own, or a share of its group's)."""
         return self.fixed_range is None and self.source is None
+
+    @property
+    def is_concat_output(self) -> bool:
+        producer = self.producer
+        return producer is not None and producer.domain == "" and producer.op_type == "Concat"
 
     def root(self) -> ActivationPoint:
         """The point whose range this one uses (itself, or the end of its ``source`` chain)."""
@@ -255,9 +264,11 @@ class PlanContext:
     def add_activation(self, value: ir.Value, kind: str, context: str, rule: str, producer: ir.Node | None, *,
                        after_activation: bool = False, consumers: list[ir.Node] | None = None,
                        source: ActivationPoint | None = None, fixed_range: tuple[float, float] | None = None,
-                       group: int | None = None) -> ActivationPoint | None:
+                       group: int | None = None, default: tuple[float, float] | None = None
+                       ) -> ActivationPoint | None:
         """Quantize ``value`` (once: a second rule asking for the same tensor shares the point);
-        ``source``, ``fixed_range``, ``group``: where its range comes from (:class:`ActivationPoint`)."""
+        ``source``, ``fixed_range``, ``group``, ``default``: where its range comes from
+        (:class:`ActivationPoint`)."""
         if id(value) in self._points:
             return self._points[id(value)]
         if not self.is_float(value):
@@ -273,7 +284,7 @@ class PlanContext:
                 self.left(producer or consumer, f"output not quantized ({kind}): consumer {reason}")
                 return None
         point = ActivationPoint(value, kind, context, rule, producer, after_activation, self.exists(value),
-                               source, fixed_range, group)
+                               source, fixed_range, group, default)
         self._points[id(value)] = point
         self.plan.activations.append(point)
         return point
