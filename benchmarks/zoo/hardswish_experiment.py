@@ -24,6 +24,10 @@ per variant the task metric on the eval set, the SQNR of the output against floa
 set, the op types left in onnxruntime's optimized graph (HardSwish/HardSigmoid and the QLinear
 ops), and the one-thread batch-1 latency (``deploy.median_seconds``: interleaved, median of
 ``time.thread_time``).
+
+qtool's ``rewrite_eval`` now writes this form itself (``qtool/onnx_rewrite/hard_activations.py``), so on
+today's qtool the ``qtool`` and ``qtool+intHS`` variants coincide (nothing left to rewrite); the numbers
+in ``FINDINGS.md`` section 7 were taken on qtool before that change (commit 79bc033).
 """
 
 from __future__ import annotations
