@@ -39,14 +39,14 @@ HARD_SWISH_ALPHA, HARD_SWISH_BETA = 1.0 / 6.0, 0.5
 GATE_RANGE = (0.0, 1.0)
 
 
-def integer_gates(config: QuantConfig) -> bool:
+def uses_integer_gates(config: QuantConfig) -> bool:
     """The integer form applies: 8-bit asymmetric (uint8) activations."""
     return config.activation_bits == 8 and not config.symmetric
 
 
 def split_hard_swish(graph: ir.Graph, config: QuantConfig, names: NameScope) -> list[str]:
     """Each HardSwish in scope as ``Mul(x, HardSigmoid(x))`` (in place); returns their names."""
-    if not integer_gates(config):
+    if not uses_integer_gates(config):
         return []
     split = []
     for node in [n for n in graph if n.domain == "" and n.op_type == "HardSwish"]:

@@ -50,7 +50,7 @@ from qtool.model.codec import DEQUANTIZE, QUANTIZE
 from qtool.model.constants import constant_array, constant_dtype, is_constant, not_constant_reason
 from qtool.model.layers import int_attr, is_layer
 from qtool.model.names import context_of
-from qtool.onnx_rewrite.hard_activations import GATE_RANGE, integer_gates
+from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
 from qtool.onnx_rewrite.placement.plan import (
     ActivationPoint,
     LeftInFloat,
@@ -170,7 +170,7 @@ class IntegerOps(PlacementRule):
         x = ctx.view.input(node, 0) if node.inputs else None
         if x is None or not ctx.is_quantized(x) or _feeds_softmax(ctx, node.outputs[0]):
             return
-        if node.op_type == "HardSigmoid" and integer_gates(ctx.config):
+        if node.op_type == "HardSigmoid" and uses_integer_gates(ctx.config):
             _integer_gate(ctx, node)
             return
         kind = "pool_quant" if node.op_type in POOLING_OPS else "act_quant"
