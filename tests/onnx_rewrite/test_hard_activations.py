@@ -3,7 +3,8 @@
 onnxruntime has no integer HardSwish/HardSigmoid; the eval graph writes the gate as an Add whose
 uint8 QuantizeLinear saturates at the clip bounds, so the optimized graph has QLinearAdd/QLinearMul
 and no float HardSigmoid. Checked on exporter-style models (opset 17 HardSwish, opset 13
-``x * HardSigmoid(x)`` as torch writes it below opset 14, a squeeze-excite HardSigmoid gate)."""
+``x * HardSigmoid(x)`` as torch writes it below opset 14, hand-written Relu6 forms, a
+squeeze-excite HardSigmoid gate)."""
 
 import numpy as np
 import onnx
@@ -25,8 +26,15 @@ def hard_swish_model(form: str, se: bool = False) -> tuple[onnx.ModelProto, dict
     y = b.conv(x, 8, 8)
     if form == "op":
         y = b.node("HardSwish", [y])
-    else:
+    elif form == "hardsigmoid_mul":  # torch below opset 14
         y = b.node("Mul", [y, b.node("HardSigmoid", [y], alpha=1 / 6, beta=0.5)])
+    else:  # hand-written with a Relu6: x * relu6(x + 3) / 6 ("relu6_product") or x * (relu6(x + 3) / 6)
+        relu6 = b.node("Clip", [b.node("Add", [y, b.const(np.float32(3))]), b.const(np.float32(0)),
+                                b.const(np.float32(6))])
+        if form == "relu6_product":
+            y = b.node("Div", [b.node("Mul", [y, relu6]), b.const(np.float32(6))])
+        else:
+            y = b.node("Mul", [y, b.node("Mul", [relu6, b.const(np.float32(1 / 6))])])
     hs = y
     if se:
         pooled = b.node("GlobalAveragePool", [y])
@@ -40,7 +48,8 @@ def float_output(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
-@pytest.mark.parametrize("form,se", [("op", False), ("op", True), ("hardsigmoid_mul", False)])
+@pytest.mark.parametrize("form,se", [("op", False), ("op", True), ("hardsigmoid_mul", False),
+                                     ("relu6_product", False), ("relu6_gate", True)])
 def test_hard_swish_and_gates_run_as_qlinear_add_and_mul(form, se, tmp_path):
     model, feeds, _ = hard_swish_model(form, se)
     quantized, result = quantize(model, feeds)
@@ -51,7 +60,7 @@ def test_hard_swish_and_gates_run_as_qlinear_add_and_mul(form, se, tmp_path):
     assert ops["QLinearAdd"] == gates and ops["QLinearMul"] == gates, ops
     summary = result.summary
     assert summary["counts"]["hard_sigmoids_integer"] == gates
-    assert not {"HardSwish", "HardSigmoid"} & set(summary["other_float_ops"])
+    assert not {"HardSwish", "HardSigmoid", "Clip", "Div", "Mul", "Add"} & set(summary["other_float_ops"])
     # numerics: the gate's 8-bit grid on [0, 1] costs no more than the float sandwich's quantizers do
     got, want = float_output(quantized, feeds), float_output(model, feeds)
     assert np.max(np.abs(got - want)) <= 0.05 * np.max(np.abs(want))

@@ -47,7 +47,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
-from qtool.model.constants import constant_array, constant_dtype, is_constant, not_constant_reason
+from qtool.model.constants import clip_bounds, constant_dtype, is_constant, not_constant_reason
 from qtool.model.layers import int_attr, is_layer
 from qtool.model.names import context_of
 from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
@@ -253,15 +253,7 @@ def _activation_bounds(point: ActivationPoint) -> tuple | None:
         return None
     if node.op_type == "Relu":
         return (0.0, None)
-    if "min" in node.attributes or "max" in node.attributes:  # opset < 11
-        return (node.attributes.get_float("min", None), node.attributes.get_float("max", None))
-    bounds = []
-    for v in list(node.inputs[1:3]) + [None] * (3 - len(node.inputs)):
-        array = constant_array(v) if v is not None else None
-        if v is not None and array is None:
-            return None  # a bound computed at run time
-        bounds.append(None if array is None else float(array.reshape(-1)[0]))
-    return tuple(bounds)
+    return clip_bounds(node)
 
 
 def _join(ctx: PlanContext, members: list[ActivationPoint], group: int) -> None:
