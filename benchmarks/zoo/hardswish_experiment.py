@@ -149,7 +149,10 @@ def rewrite(model: onnx.ModelProto, keep_gate_scale: bool = True) -> tuple[onnx.
             done["skipped"] += node.op_type in done
             new_nodes.append(node)
             continue
-        new_nodes += _hardswish(gr, node) if node.op_type == "HardSwish" else _hardsigmoid(gr, node, q_out, keep_gate_scale)
+        if node.op_type == "HardSwish":
+            new_nodes += _hardswish(gr, node)
+        else:
+            new_nodes += _hardsigmoid(gr, node, q_out, keep_gate_scale)
         done[node.op_type] += 1
     del gr.g.node[:]
     gr.g.node.extend(new_nodes)
@@ -169,7 +172,8 @@ def bench(name: str, rounds: int, warmup: int, tmp: str) -> dict:
     calib_path = os.path.join(ZOO, f"{name}.calib.npz")
     evals = np.load(os.path.join(ZOO, f"{name}.eval.npz"))
     feeds = zoo_metrics.load_inputs(evals, meta)
-    paths = {"float": model, "qtool": os.path.join(tmp, f"{name}.qtool.onnx"), "ort": os.path.join(tmp, f"{name}.ort.onnx")}
+    paths = {"float": model, "qtool": os.path.join(tmp, f"{name}.qtool.onnx"),
+             "ort": os.path.join(tmp, f"{name}.ort.onnx")}
     qtool.rewrite_eval(model, paths["qtool"], calibration_data=calib_path)
     deploy.quantize_ort(model, paths["ort"], dict(np.load(calib_path)), tmp)
     rewritten = {}
@@ -202,7 +206,8 @@ def bench(name: str, rounds: int, warmup: int, tmp: str) -> dict:
 def fmt(result: dict) -> str:
     met = result["metric"]
     lines = [f"### {result['model']}", "",
-             f"| variant | {met} | SQNR vs float (dB) | ms | x float | " + " | ".join(SHOWN_OPS) + " | float layers | rewritten |",
+             f"| variant | {met} | SQNR vs float (dB) | ms | x float | " + " | ".join(SHOWN_OPS)
+             + " | float layers | rewritten |",
              "|---|---|---|---|---|" + "---|" * (len(SHOWN_OPS) + 2)]
     for variant, r in result["variants"].items():
         sq = "-" if variant == "float" else f"{r['sqnr_db']:.1f}"

@@ -219,8 +219,7 @@ def _integer_gate(ctx: PlanContext, node: ir.Node) -> None:
     writes it as an integer Add (``onnx_rewrite.hard_activations``)."""
     point = ctx.add_activation(node.outputs[0], "gate_quant", context_of(node.name or node.op_type),
                                "HardSigmoid output: fixed range [0, 1] (integer Add)", node, fixed_range=GATE_RANGE)
-    if (point is not None and not point.exists and point.fixed_range == GATE_RANGE
-            and not any(g is node for g in ctx.plan.integer_gates)):
+    if point is not None and not point.exists and point.fixed_range == GATE_RANGE and not _is_integer_gate(ctx, node):
         ctx.plan.integer_gates.append(node)
 
 
