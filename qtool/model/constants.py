@@ -199,3 +199,17 @@ def remove_if_unused(graph: ir.Graph, nodes: Iterable[ir.Node], values: Iterable
             graph.initializers.pop(name)
         if value.is_graph_input():
             graph.inputs.remove(value)
+
+
+def clip_bounds(node: ir.Node) -> tuple[float | None, float | None] | None:
+    """(min, max) of a Clip (None for a missing bound), from its attributes (opset < 11) or its
+    constant inputs; None when a bound is computed at run time."""
+    if "min" in node.attributes or "max" in node.attributes:  # opset < 11
+        return (node.attributes.get_float("min", None), node.attributes.get_float("max", None))
+    bounds = []
+    for v in list(node.inputs[1:3]) + [None] * (3 - len(node.inputs)):
+        array = constant_array(v) if v is not None else None
+        if v is not None and array is None:
+            return None
+        bounds.append(None if array is None else float(array.reshape(-1)[0]))
+    return tuple(bounds)

@@ -59,6 +59,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.codec import (
     DEQUANTIZE,
+    QUANTIZE,
     Storage,
     activation_params,
     dequantize_node,
@@ -89,6 +90,7 @@ class EvalEncoding:
     propagated: list[dict] = field(default_factory=list)
     biases: list[dict] = field(default_factory=list)
     recurrent: list[dict] = field(default_factory=list)  # LSTMs written as DynamicQuantizeLSTM
+    integer_gates: list[dict] = field(default_factory=list)  # HardSigmoids written as an integer Add
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -263,6 +265,38 @@ class EvalEncoder:
             self.result.notes.append(f"LSTM '{lstm.name}': {point.note}")
         self.result.recurrent.append(entry)
 
+    # --- HardSigmoid as an integer Add ----------------------------------------------------------
+    def encode_gate(self, node: ir.Node) -> None:
+        """``HardSigmoid(x) -> Q(s, 0)`` becomes ``Add(x, DQ(beta/alpha)) -> Q(s/alpha, 0)``: the uint8
+        saturation of the Q is the clip, the DQ after it (scale ``s``) multiplies by alpha
+        (``onnx_rewrite.hard_activations``)."""
+        out = node.outputs[0]
+        uses = list(out.uses())
+        q = uses[0][0] if len(uses) == 1 else None
+        scale = constant_array(q.inputs[1]) if q is not None and q.op_type == QUANTIZE else None
+        if scale is None or out.is_graph_output():
+            self.result.notes.append(f"HardSigmoid '{node.name}': left in float (its output is not read by "
+                                     "its quantizer alone)")
+            return
+        alpha = np.float32(float_attr(node, "alpha", 0.2))
+        beta = np.float32(float_attr(node, "beta", 0.5))
+        base = self.names.prefix(f"{node.name or 'HardSigmoid'}/integer", [DEQUANTIZE, "Add"],
+                                 ["shift_quantized", "shift_scale", "shift_zero_point", "dequantized", "sum",
+                                  "scale"])
+        shift = np.float32(beta / alpha)
+        dq = dequantize_node(self.initializer(f"{base}/shift_quantized", np.array(1, np.uint8)),
+                             self.initializer(f"{base}/shift_scale", np.array(shift)),
+                             self.initializer(f"{base}/shift_zero_point", np.array(0, np.uint8)), base, None, ())
+        add = ir.node("Add", [node.inputs[0], dq.outputs[0]], name=f"{base}/Add")
+        add.outputs[0].name = f"{base}/sum"
+        self.graph.insert_before(node, [dq, add])
+        q.replace_input_with(0, add.outputs[0])
+        q_scale = np.float32(scale.reshape(-1)[0]) / alpha
+        q.replace_input_with(1, self.initializer(f"{base}/scale", np.array(q_scale, np.float32)))
+        self.graph.remove(node, safe=True)
+        self.result.integer_gates.append({"node": node.name, "alpha": float(alpha), "beta": float(beta),
+                                          "shift": float(shift), "quantizer": q.name, "scale": float(q_scale)})
+
     # --- activations -------------------------------------------------------------------------
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
@@ -343,6 +377,8 @@ class EvalEncoder:
         resolved = self.plan.resolve(ranges)
         for point in self.plan.new_activations():
             self.encode_activation(point, resolved[point.value.name])
+        for node in self.plan.integer_gates:  # after the activations: rewires the gate's QuantizeLinear
+            self.encode_gate(node)
         self.report_float_layers()
         self.quantize_biases()
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values

@@ -24,6 +24,7 @@ from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
+from qtool.onnx_rewrite.hard_activations import split_hard_swish
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
 from qtool.onnx_rewrite.train_graph import TrainedState, is_training_graph, strip_training_graph
 
@@ -69,7 +70,8 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
 
 def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
                   ) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Name nodes, fold batch norms and plan the quantizers of ``model`` (in place). ``trained``: the
+    """Name nodes, fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``)
+    and plan the quantizers of ``model`` (in place). ``trained``: the
     model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic
     (the deployed weights and biases are then bit for bit those it trained with)."""
     graph = model.graph
@@ -77,6 +79,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     check_exclude(graph, config.exclude, config.scope)
     names = NameScope(graph)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
+    split_hard_swish(graph, config, names)
     return names, folds, plan_quantization(graph, config)
 
 

@@ -78,6 +78,7 @@ class RewriteResult:
             "propagated_input_quantizers": len(e.propagated),
             "biases_int32": len(e.biases),
             "lstms_dynamic": len(e.recurrent),
+            "hard_sigmoids_integer": len(e.integer_gates),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -100,6 +101,7 @@ class RewriteResult:
             "propagated_inputs": e.propagated,
             "biases": e.biases,
             "recurrent": e.recurrent,
+            "integer_gates": e.integer_gates,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -188,6 +190,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["propagated_input_quantizers"], "quantizer") + " carried through shape ops")
     if c["biases_int32"]:
         extra.append(_plural(c["biases_int32"], "int32 bias"))
+    if c.get("hard_sigmoids_integer"):
+        extra.append(f"{c['hard_sigmoids_integer']} HardSwish/HardSigmoid gates as integer Add")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

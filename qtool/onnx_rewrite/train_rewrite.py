@@ -37,6 +37,7 @@ from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
+from qtool.onnx_rewrite.hard_activations import split_hard_swish
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
 
 
@@ -114,6 +115,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     check_exclude(graph, config.exclude, config.scope)
     constants_to_initializers(graph)
     names = NameScope(graph)
+    split_hard_swish(graph, config, names)  # as the eval graph: the gate trains on its deployed grid
     matches, reasons = find_train_folds(graph, names, config.exclude)
     fold_names = {m.nodes["bn"].name for m in matches}
     all_bns = {n.name for n in graph if n.domain == "" and n.op_type == "BatchNormalization"}

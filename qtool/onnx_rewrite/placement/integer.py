@@ -31,6 +31,10 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
   - a Softmax output gets its calibrated range ``[0, max]`` ([0, 1] without data), not the fixed
     [0, 1]: with ~200 tokens attention probabilities are ~1/200, about one step of the fixed grid
     (scale 1/255), and the zoo ViT's first-block attention rounded away (docs/spec-changes.md).
+  - a HardSigmoid output (a HardSwish is split into ``x * HardSigmoid(x)`` before placement) uses
+    the fixed range [0, 1] with 8-bit unsigned activations, and the HardSigmoid goes to
+    ``plan.integer_gates``: the eval graph writes it as an integer Add whose Q saturation is the
+    clip (``onnx_rewrite.hard_activations``; MobileNetV3 0.87x -> 0.72x float).
 - :class:`RecurrentLayers`: an LSTM with constant float32 ``W``/``R`` runs as onnxruntime's
   ``com.microsoft.DynamicQuantizeLSTM`` (int8 weights stored by qtool, the input and hidden state
   quantized by the kernel at run time: 0.58x float on the zoo tagger per channel, 0.50x per tensor,
@@ -45,9 +49,10 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
-from qtool.model.constants import constant_array, constant_dtype, is_constant, not_constant_reason
+from qtool.model.constants import clip_bounds, constant_dtype, is_constant, not_constant_reason
 from qtool.model.layers import int_attr, is_layer
 from qtool.model.names import context_of
+from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
 from qtool.onnx_rewrite.placement.plan import (
     ActivationPoint,
     LeftInFloat,
@@ -168,6 +173,9 @@ class IntegerOps(PlacementRule):
         x = ctx.view.input(node, 0) if node.inputs else None
         if x is None or not ctx.is_quantized(x) or _feeds_softmax(ctx, node.outputs[0]):
             return
+        if node.op_type == "HardSigmoid" and uses_integer_gates(ctx.config):
+            _integer_gate(ctx, node)
+            return
         kind = "pool_quant" if node.op_type in POOLING_OPS else "act_quant"
         ctx.add_activation(node.outputs[0], kind, context_of(node.name or node.op_type),
                            f"{node.op_type} of a quantized tensor (its own range)", node,
@@ -209,6 +217,19 @@ class IntegerOps(PlacementRule):
         _join(ctx, members, group)
 
 
+def _integer_gate(ctx: PlanContext, node: ir.Node) -> None:
+    """A HardSigmoid of a quantized tensor: its output on the fixed range [0, 1], and the eval graph
+    writes it as an integer Add (``onnx_rewrite.hard_activations``)."""
+    point = ctx.add_activation(node.outputs[0], "gate_quant", context_of(node.name or node.op_type),
+                               "HardSigmoid output: fixed range [0, 1] (integer Add)", node, fixed_range=GATE_RANGE)
+    if point is not None and not point.exists and point.fixed_range == GATE_RANGE and not _is_integer_gate(ctx, node):
+        ctx.plan.integer_gates.append(node)
+
+
+def _is_integer_gate(ctx: PlanContext, node: ir.Node) -> bool:
+    return any(g is node for g in ctx.plan.integer_gates)
+
+
 def _without_fused_activations(inputs: list[ActivationPoint]) -> list[ActivationPoint]:
     """The Concat inputs that share the group's range.
 
@@ -234,15 +255,7 @@ def _activation_bounds(point: ActivationPoint) -> tuple | None:
         return None
     if node.op_type == "Relu":
         return (0.0, None)
-    if "min" in node.attributes or "max" in node.attributes:  # opset < 11
-        return (node.attributes.get_float("min", None), node.attributes.get_float("max", None))
-    bounds = []
-    for v in list(node.inputs[1:3]) + [None] * (3 - len(node.inputs)):
-        array = constant_array(v) if v is not None else None
-        if v is not None and array is None:
-            return None  # a bound computed at run time
-        bounds.append(None if array is None else float(array.reshape(-1)[0]))
-    return tuple(bounds)
+    return clip_bounds(node)
 
 
 def _join(ctx: PlanContext, members: list[ActivationPoint], group: int) -> None:
@@ -374,6 +387,8 @@ def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
     """``node`` runs in integers in onnxruntime when its inputs are quantized."""
     if is_layer(node) or node.domain != "":
         return is_layer(node)
+    if _is_integer_gate(ctx, node):
+        return True
     if node.op_type not in INTEGER_KERNELS:
         return False
     if node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2:
@@ -455,6 +470,8 @@ class FloatOps(PlacementRule):
         inputs_quantized = all(ctx.is_quantized(v) for v in variable)
         if node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized:
             return
+        if _is_integer_gate(ctx, node):
+            return  # a HardSigmoid written as an integer Add (QLinearAdd)
         if id(node) in ctx.handled and outputs_quantized:
             return  # a layer chain's bias Add or activation: fused into the layer's integer kernel
         if inputs_quantized and _fused_activation(ctx, node):

@@ -170,6 +170,8 @@ class QuantPlan:
     weights: list[WeightPoint] = field(default_factory=list)
     activations: list[ActivationPoint] = field(default_factory=list)
     recurrent: list[RecurrentPoint] = field(default_factory=list)  # LSTMs run by DynamicQuantizeLSTM
+    # HardSigmoids whose eval encoding is an integer Add (onnx_rewrite.hard_activations)
+    integer_gates: list[ir.Node] = field(default_factory=list)
     left_in_float: list[LeftInFloat] = field(default_factory=list)  # layers and placements that did not apply
     float_ops: list[LeftInFloat] = field(default_factory=list)  # other ops that run in float, and why
     other_ops: Counter = field(default_factory=Counter)
