@@ -73,7 +73,7 @@ def nudge(mn, mx, num_bits: int, narrow_range: bool):
     one = F32(1.0)
     qrange = _barrier(jnp.asarray(qmaxf - qminf, F32))  # a constant divisor: keep it a division
     rng = mx - mn
-    scale_raw = rng / qrange
+    scale_raw = rng / _barrier(jnp.broadcast_to(qrange, rng.shape))  # A / broadcast(b) stays a division
     inv_scale_raw = qrange / _barrier(rng)
     zp_from_min = qminf - mn / _barrier(scale_raw)
     zp_floor = jnp.floor(zp_from_min)
@@ -111,7 +111,8 @@ def _level_half_to_even(x, num_bits, narrow_range, scale_raw, degenerate, zero_p
     divisor = _barrier(jnp.broadcast_to(divisor, jnp.broadcast_shapes(jnp.shape(x), divisor.shape)))
     lo = jnp.where(degenerate, zero, qminf - zero_point)
     hi = jnp.where(degenerate, zero, qmaxf - zero_point)
-    return jnp.round(_clamp(x / divisor, lo, hi))
+    level = jnp.round(_clamp(x / divisor, lo, hi))
+    return jnp.where(level == zero, zero, level)  # +0.0 (DequantizeLinear's) where Round gives -0.0
 
 
 def _forward(x, mn, mx, num_bits, narrow_range, half_to_even=False):

@@ -41,7 +41,7 @@ computes on the same nudged grid, so the deployed model's activations round
 exactly like the training graph's (spec/rewrites.md section 1)::
 
     zp = zero_point above; degenerate ranges: divisor 1 and level bounds 0
-    level = Round(clamp(x / scale, qminf - zp, qmaxf - zp))  # ONNX Round: half to even
+    level = Round(clamp(x / scale, qminf - zp, qmaxf - zp))  # ONNX Round: half to even; -0 as +0
     out   = level * scale
 
 The division replaces TF's ``(clamped - nudged_min) OP - quant_zero``: that
@@ -183,7 +183,9 @@ def _body() -> list[onnx.NodeProto]:
         n("Where", ["level_above", "level_max", "x_over_scale"], ["level_clamped_hi"]),
         n("Less", ["level_clamped_hi", "level_min"], ["level_below"]),
         n("Where", ["level_below", "level_min", "level_clamped_hi"], ["level_clamped"]),
-        n("Round", ["level_clamped"], ["level_even"]),
+        n("Round", ["level_clamped"], ["level_rounded"]),
+        n("Equal", ["level_rounded", "zero"], ["level_is_zero"]),
+        n("Where", ["level_is_zero", "zero", "level_rounded"], ["level_even"]),  # +0.0, as DequantizeLinear
         n("Cast", ["half_to_even_i64"], ["half_to_even_bool"], to=TensorProto.BOOL),
         n("Where", ["half_to_even_bool", "level_even", "level_up"], ["level"]),
         n("Mul", ["level", "scale"], ["y"]),
