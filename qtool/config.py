@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from qtool.errors import QtoolError
 
 CALIBRATION_METHODS = ("minmax", "ema", "percentile", "entropy", "mse")
+# half_up: TensorFlow's FakeQuant; half_to_even: what QuantizeLinear computes (docs/training.md)
+ROUND_MODES = ("half_up", "half_to_even")
 
 
 def _positive_int(value, label: str) -> int:
@@ -45,6 +47,9 @@ class QuantConfig:
     symmetric_weights: bool = True
     # LSTMs stay float (else onnxruntime's DynamicQuantizeLSTM runs them with int8 weights)
     float_rnn: bool = False
+    # how the training graph's FakeQuant and the offline weight codes round (activations in an eval
+    # graph are QuantizeLinear's: half to even whatever is asked)
+    round_mode: str = "half_up"
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -57,6 +62,12 @@ class QuantConfig:
         object.__setattr__(self, "float_rnn", bool(self.float_rnn))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
+        if self.round_mode not in ROUND_MODES:
+            raise QtoolError(f"round mode must be one of {', '.join(ROUND_MODES)}, got {self.round_mode!r}")
+
+    @property
+    def half_to_even(self) -> bool:
+        return self.round_mode == "half_to_even"
 
     @property
     def weights_symmetric(self) -> bool:
@@ -81,6 +92,7 @@ class QuantConfig:
             "scope": self.scope,
             "exclude": sorted(self.exclude),
             "float_rnn": self.float_rnn,
+            "round_mode": self.round_mode,
         }
 
 

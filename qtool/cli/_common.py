@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from qtool.config import CalibrationConfig, QuantConfig  # a leaf module: no heavy imports
+from qtool.config import ROUND_MODES, CalibrationConfig, QuantConfig  # a leaf module: no heavy imports
 from qtool.errors import QtoolError
 
 
@@ -101,6 +101,15 @@ float_rnn_option = click.option(
     is_flag=True,
     help="Keep LSTMs in float. By default an LSTM runs as onnxruntime's com.microsoft.DynamicQuantizeLSTM "
     "(int8 weights quantized by qtool, activations quantized by the kernel at run time).",
+)
+round_mode_option = click.option(
+    "--round-mode",
+    type=click.Choice(ROUND_MODES),
+    default="half_up",
+    show_default=True,
+    help="How the training graph's FakeQuant and the stored weights round: half_up (TensorFlow's FakeQuant) or "
+    "half_to_even (what QuantizeLinear computes, so the deployed model's activations round as trained). "
+    "The eval graph's activations always round half to even (QuantizeLinear).",
 )
 scope_option = click.option(
     "--scope", default=None, metavar="PREFIX", help="Only rewrite nodes whose names start with PREFIX."
@@ -234,7 +243,7 @@ def quant_config(params: dict):
     """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
                        params.pop("per_channel"), params.pop("scope"), params.pop("exclude"),
-                       params.pop("symmetric_weights"), params.pop("float_rnn"))
+                       params.pop("symmetric_weights"), params.pop("float_rnn"), params.pop("round_mode", "half_up"))
 
 
 def calibration_config(params: dict):

@@ -20,6 +20,7 @@ from qtool.cli._common import (
     output_option,
     quant_config,
     quantization_options,
+    round_mode_option,
     verbose_option,
 )
 from qtool.cli._output import print_result
@@ -52,6 +53,7 @@ def _run(command: str, call):
 @click.argument("model", type=click.Path(dir_okay=False))
 @output_option
 @quantization_options
+@round_mode_option
 @click.option("--quant-delay", type=click.IntRange(0), default=0, show_default=True,
               help="Steps before quantization switches on.")
 @click.option("--freeze-bn-delay", type=click.IntRange(0), default=None,
@@ -92,6 +94,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @deprecated_alias("--calibration-data", "--data", "data", type=click.Path(dir_okay=False))
 @batch_size_option
 @quantization_options
+@round_mode_option
 @calibration_options
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,
               help="Activation ranges from 'qtool calibrate' (or an onnxruntime calibration cache) instead of --data.")

@@ -10,7 +10,10 @@ qtool's numba kernels and with onnxruntime running the training graph:
   weight) and is ``..._per_channel`` (multiplies by ``inv_scale``);
 - ``min == max == 0`` gives zeros, and so does a range too small for a normal
   float32 scale (TF's arithmetic gives NaN there; the kernels and the graph's
-  function do the same as here).
+  function do the same as here);
+- ``half_to_even`` (the node attribute of ``--round-mode half_to_even``) is
+  QuantizeLinear's level on the same grid, ``round(clamp(x / scale, qmin - zp,
+  qmax - zp)) * scale``; the gradients are the same as for TF's rounding.
 
 ``lax.optimization_barrier`` keeps XLA from changing the last bit: every
 divisor goes through one, broadcast to the dividend's shape first (XLA
@@ -58,7 +61,7 @@ def grid(num_bits: int, narrow_range: bool) -> tuple[np.float32, np.float32]:
 def nudge(mn, mx, num_bits: int, narrow_range: bool):
     """The nudged range, as the function body computes it.
 
-    Returns ``(nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate)``
+    Returns ``(nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate, zero_point)``
     where ``scale``, ``inv_scale``, ``quant_zero`` and the nudged range are 0 for a
     degenerate range and ``scale_raw`` is the scale before that substitution.
     """
@@ -70,7 +73,7 @@ def nudge(mn, mx, num_bits: int, narrow_range: bool):
     one = F32(1.0)
     qrange = _barrier(jnp.asarray(qmaxf - qminf, F32))  # a constant divisor: keep it a division
     rng = mx - mn
-    scale_raw = rng / qrange
+    scale_raw = rng / _barrier(jnp.broadcast_to(qrange, rng.shape))  # A / broadcast(b) stays a division
     inv_scale_raw = qrange / _barrier(rng)
     zp_from_min = qminf - mn / _barrier(scale_raw)
     zp_floor = jnp.floor(zp_from_min)
@@ -90,15 +93,36 @@ def nudge(mn, mx, num_bits: int, narrow_range: bool):
     scale = jnp.where(degenerate, zero, scale_raw)
     inv_scale = jnp.where(degenerate, zero, inv_scale_raw)
     quant_zero = jnp.where(degenerate, zero, quant_zero_raw)
-    return nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate
+    return nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate, zero_point
 
 
-def _forward(x, mn, mx, num_bits, narrow_range):
+def _clamp(v, lo, hi):
+    """``std::max(std::min(v, hi), lo)``: a NaN ``v`` propagates."""
+    clamped_hi = jnp.where(hi < v, hi, v)
+    return jnp.where(clamped_hi < lo, lo, clamped_hi)
+
+
+def _level_half_to_even(x, num_bits, narrow_range, scale_raw, degenerate, zero_point):
+    """QuantizeLinear's level ``round(clamp(x / scale, qmin - zp, qmax - zp))`` (the function body's
+    ``half_to_even`` branch): divisor 1 and bounds 0 for a degenerate range."""
+    qminf, qmaxf = grid(num_bits, narrow_range)
+    zero = F32(0.0)
+    divisor = jnp.where(degenerate, F32(1.0), scale_raw)
+    divisor = _barrier(jnp.broadcast_to(divisor, jnp.broadcast_shapes(jnp.shape(x), divisor.shape)))
+    lo = jnp.where(degenerate, zero, qminf - zero_point)
+    hi = jnp.where(degenerate, zero, qmaxf - zero_point)
+    level = jnp.round(_clamp(x / divisor, lo, hi))
+    return jnp.where(level == zero, zero, level)  # +0.0 (DequantizeLinear's) where Round gives -0.0
+
+
+def _forward(x, mn, mx, num_bits, narrow_range, half_to_even=False):
     mn = jnp.asarray(mn, F32)
-    nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate = nudge(mn, mx, num_bits, narrow_range)
-    clamped_hi = jnp.where(nudged_max < x, nudged_max, x)  # std::min(x, nudged_max)
-    clamped = jnp.where(clamped_hi < nudged_min, nudged_min, clamped_hi)  # std::max(., nudged_min)
-    shifted = clamped - nudged_min
+    (nudged_min, nudged_max, scale, inv_scale, quant_zero, scale_raw, degenerate,
+     zero_point) = nudge(mn, mx, num_bits, narrow_range)
+    if half_to_even:
+        level = _level_half_to_even(x, num_bits, narrow_range, scale_raw, degenerate, zero_point)
+        return level * scale, (nudged_min, nudged_max, degenerate)
+    shifted = _clamp(x, nudged_min, nudged_max) - nudged_min
     if mn.ndim == 0:  # fake_quant_with_min_max_vars: divide by the scale
         # the divisor broadcast first, then hidden: XLA rewrites A / broadcast(b) into A * broadcast(1 / b)
         divisor = _barrier(jnp.broadcast_to(scale_raw, shifted.shape))
@@ -123,18 +147,20 @@ def _sum_to(g, shape):
     return g
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def fake_quant(x, mn, mx, num_bits: int = 8, narrow_range: bool = False, range_grad: bool = True):
-    """``qtool::FakeQuant(x, min, max)``: TF's FakeQuant with min/max broadcasting against ``x``."""
-    return _forward(x, mn, mx, num_bits, narrow_range)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def fake_quant(x, mn, mx, num_bits: int = 8, narrow_range: bool = False, range_grad: bool = True,
+               half_to_even: bool = False):
+    """``qtool::FakeQuant(x, min, max)``: TF's FakeQuant with min/max broadcasting against ``x``
+    (``half_to_even``: QuantizeLinear's rounding on the same grid)."""
+    return _forward(x, mn, mx, num_bits, narrow_range, half_to_even)[0]
 
 
-def _fq_fwd(x, mn, mx, num_bits, narrow_range, range_grad):
-    y, (nudged_min, nudged_max, degenerate) = _forward(x, mn, mx, num_bits, narrow_range)
+def _fq_fwd(x, mn, mx, num_bits, narrow_range, range_grad, half_to_even):
+    y, (nudged_min, nudged_max, degenerate) = _forward(x, mn, mx, num_bits, narrow_range, half_to_even)
     return y, (x, jnp.asarray(mn, F32), jnp.asarray(mx, F32), nudged_min, nudged_max, degenerate)
 
 
-def _fq_bwd(num_bits, narrow_range, range_grad, res, g):
+def _fq_bwd(num_bits, narrow_range, range_grad, half_to_even, res, g):
     x, mn, mx, nudged_min, nudged_max, degenerate = res
     inside = (nudged_min <= x) & (x <= nudged_max)
     mask = jnp.where(degenerate | inside, F32(1.0), F32(0.0))

@@ -1295,7 +1295,7 @@ def _fake_quant(ctx, node, inputs):
     num_bits = int(node.attr("num_bits", 8))
     narrow = bool(node.attr("narrow_range", 0))
     return [fake_quant(jnp.asarray(x), jnp.asarray(mn), jnp.asarray(mx), num_bits, narrow,
-                       bool(ctx.range_grad(node.name)))]
+                       bool(ctx.range_grad(node.name)), bool(node.attr("half_to_even", 0)))]
 
 
 @op(FQ_BIAS_NAME, domain=FQ_DOMAIN)

@@ -113,6 +113,12 @@ def fq_div(x, nmin, nmax, scale, quant_zero):
     return mul(fq_level_div(x, nmin, nmax, scale, quant_zero), scale)
 
 
+def ql_level(x, scale, lo, hi):
+    """QuantizeLinear's signed level ``rint(clamp(x / scale, qmin - zp, qmax - zp))``: the
+    ``half_to_even`` round mode of ``quantize_codes`` and of the training graph's FakeQuant."""
+    return rint(fmax(fmin(div(x, scale), hi), lo))
+
+
 def masked(g, x, lo, hi):
     """``g * float(lo <= x <= hi)``: a real multiply, so a masked negative g gives -0.0."""
     return mul(g, F32_ONE if (lo <= x and x <= hi) else F32_ZERO)
@@ -171,6 +177,7 @@ FUNCTIONS = (
     "fq_level_div",
     "fq_mul",
     "fq_div",
+    "ql_level",
     "masked",
     "qdq_scale",
     "qdq_round",

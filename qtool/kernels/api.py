@@ -480,38 +480,58 @@ def fake_quant_with_min_max_vars_per_channel_gradient(
     return _finish(res, out), dmin.astype(np.float32), dmax.astype(np.float32)
 
 
-def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None, *, device=None):
+def quantize_codes(x, min, max, num_bits=8, narrow_range=False, axis=None, *, round_mode="HALF_UP", device=None):
     """Integer codes of TF's fake quantization, for storing quantized weights.
 
     Returns int32 codes ``q`` on TF's unsigned grid ``[narrow_range, 2**num_bits - 1]``
     such that ``(q - zero_point) * scale`` equals, bit for bit, the fake-quant
     output (``fake_quant_with_min_max_vars`` when ``axis`` is None,
     the per-channel kernel along ``axis`` otherwise; ``zero_point`` and
-    ``scale`` from :func:`nudged_range`). NaN has no code: a host array with
+    ``scale`` from :func:`nudged_range`). ``round_mode="HALF_TO_EVEN"`` gives
+    QuantizeLinear's codes on the same grid instead, ``rint(clamp(x / scale,
+    qmin - zp, qmax - zp)) + zp`` (what a training graph written with
+    ``--round-mode half_to_even`` computes). NaN has no code: a host array with
     NaN is an error (device arrays are not scanned for it).
     """
     be = _backend(device, x=x)
     x = be.float32_tensor(x, "x")
     nb = _num_bits_fq(num_bits)
+    half_up = _half_up(round_mode)
     if isinstance(x, np.ndarray) and np.isnan(x).any():
         raise ValueError(f"x contains NaN at index {np.argwhere(np.isnan(x))[0].tolist()}: NaN has no integer code")
     res = be.output(None, x.shape, np.int32)
     if axis is None:
         (nmin, nmax, scale, inv, zp, qz, _, _), zero = _vars_params(min, max, nb, narrow_range)
-        if zero:
-            be.fill(res, int(zp[0]))
-        elif x.size:
-            be.kernels.fq_tensor_levels(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], qz[0], zp[0])
+        depth = inner = 1
+    else:
+        depth, inner = _axis_layout(x.shape, _norm_axis(axis, x.ndim))
+        mins = _channel_f32(min, "min", depth)
+        maxs = _channel_f32(max, "max", depth)
+        nmin, nmax, scale, inv, zp, qz, _, _ = _nudge_arrays(
+            mins, maxs, nb, bool(narrow_range), _check_range_values(mins, maxs, allow_zero=True))
+    if not x.size:
         return res
-    ax = _norm_axis(axis, x.ndim)
-    depth, inner = _axis_layout(x.shape, ax)
-    mins = _channel_f32(min, "min", depth)
-    maxs = _channel_f32(max, "max", depth)
-    zero = _check_range_values(mins, maxs, allow_zero=True)
-    nmin, nmax, scale, inv, zp, qz, _, _ = _nudge_arrays(mins, maxs, nb, bool(narrow_range), zero)
-    if x.size:
+    if not half_up:
+        be.kernels.ql_axis_levels(be.flat(x), be.flat(res), depth, inner, *_ql_params(scale, zp, nb, narrow_range))
+    elif axis is not None:
         be.kernels.fq_axis_levels(be.flat(x), be.flat(res), depth, inner, nmin, nmax, inv, qz, zp)
+    elif zero:
+        be.fill(res, int(zp[0]))
+    else:
+        be.kernels.fq_tensor_levels(be.flat(x), be.flat(res), nmin[0], nmax[0], scale[0], qz[0], zp[0])
     return res
+
+
+def _ql_params(scale, zp, num_bits: int, narrow_range: bool):
+    """QuantizeLinear's divisor, level bounds ``qmin - zp``, ``qmax - zp`` and zero point per channel;
+    a degenerate channel (scale 0: min == max == 0) has level 0 only, as the FakeQuant gives zeros."""
+    qminf, qmaxf = _grid(num_bits, bool(narrow_range))
+    zero = scale == 0
+    f32 = np.float32
+    divisor = np.where(zero, f32(1.0), scale).astype(f32)
+    lo = np.where(zero, f32(0.0), qminf - zp).astype(f32)
+    hi = np.where(zero, f32(0.0), qmaxf - zp).astype(f32)
+    return divisor, lo, hi, np.asarray(zp, f32)
 
 
 def _norm_axis(axis, ndim: int) -> int:
@@ -581,6 +601,12 @@ def _minmax_cuda(cu, x, axis):
 _ROUND_MODES = ("HALF_TO_EVEN", "HALF_UP")
 
 
+def _half_up(round_mode) -> bool:
+    if round_mode not in _ROUND_MODES:
+        raise ValueError(f"Round mode string must be 'HALF_UP' or 'HALF_TO_EVEN', is '{round_mode}'")
+    return round_mode == "HALF_UP"
+
+
 def _qdq_tensor(x, name: str) -> np.ndarray:
     if isinstance(x, np.ndarray):
         if x.dtype not in (np.float32, np.float64):
@@ -636,9 +662,7 @@ def quantize_and_dequantize_v2(
     signed = bool(signed_input)
     if isinstance(num_bits, bool) or nb < 1 or nb >= (62 if signed else 63) or (signed and nb == 1):
         raise ValueError(f"num_bits is out of range: {num_bits} with signed_input {signed}")
-    if round_mode not in _ROUND_MODES:
-        raise ValueError(f"Round mode string must be 'HALF_UP' or 'HALF_TO_EVEN', is '{round_mode}'")
-    half_up = round_mode == "HALF_UP"
+    half_up = _half_up(round_mode)
     if signed:
         min_q = -(1 << (nb - 1)) + (1 if narrow_range else 0)
         max_q = (1 << (nb - 1)) - 1

@@ -46,6 +46,7 @@ fq_level_mul = _S.fq_level_mul
 fq_level_div = _S.fq_level_div
 fq_mul = _S.fq_mul
 fq_div = _S.fq_div
+ql_level = _S.ql_level
 masked = _S.masked
 qdq_scale = _S.qdq_scale
 qdq_clamped = _S.qdq_clamped
@@ -223,6 +224,19 @@ def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
         os = out[b * inner : (b + 1) * inner]
         for j in range(inner):
             os[j] = np.int32(fq_level_mul(xs[j], p0, p1, p2, p3) + p4)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def ql_axis_levels(x, out, depth, inner, scale, lo, hi, zp):
+    """Integer codes of QuantizeLinear (``ql_level`` + zero point), per channel, as int32; one
+    range for the whole tensor is ``depth == inner == 1``."""
+    for b in prange(x.size // inner):
+        c = b % depth
+        p0, p1, p2, p3 = scale[c], lo[c], hi[c], zp[c]
+        xs = x[b * inner : (b + 1) * inner]
+        os = out[b * inner : (b + 1) * inner]
+        for j in range(inner):
+            os[j] = np.int32(ql_level(xs[j], p0, p1, p2) + p3)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

@@ -215,6 +215,7 @@ def _fq_kernels(S, P):
     fq_div = S.fq_div
     fq_level_mul = S.fq_level_mul
     fq_level_div = S.fq_level_div
+    ql_level = S.ql_level
     masked = S.masked
     add = P["add"]
 
@@ -267,6 +268,23 @@ def _fq_kernels(S, P):
         j = i % inner
         while i < x.size:
             out[i] = np.int32(add(fq_level_mul(x[i], nmin[c], nmax[c], inv_scale[c], quant_zero[c]), zp[c]))
+            i += stride
+            j += dj
+            c += dc
+            if j >= inner:
+                j -= inner
+                c += 1
+            if c >= depth:
+                c -= depth
+
+    @cuda.jit
+    def ql_axis_levels(x, out, depth, inner, dc, dj, scale, lo, hi, zp):
+        i = np.int64(cuda.grid(1))
+        stride = cuda.gridsize(1)
+        c = (i // inner) % depth
+        j = i % inner
+        while i < x.size:
+            out[i] = np.int32(add(ql_level(x[i], scale[c], lo[c], hi[c]), zp[c]))
             i += stride
             j += dj
             c += dc
@@ -352,6 +370,7 @@ def _fq_kernels(S, P):
         "fq_tensor_levels": fq_tensor_levels,
         "fq_axis_mul": fq_axis_mul,
         "fq_axis_levels": fq_axis_levels,
+        "ql_axis_levels": ql_axis_levels,
         "fq_grad_reduce": fq_grad_reduce,
     }
 
@@ -809,6 +828,15 @@ def fq_axis_levels(x, out, depth, inner, nmin, nmax, inv_scale, quant_zero, zp):
         f = np.float32
         _launch(_FQ["fq_axis_levels"], blocks, TPB)(
             x, out, depth, inner, dc, dj, _dev(nmin, f), _dev(nmax, f), _dev(inv_scale, f), _dev(quant_zero, f), _dev(zp, f)
+        )
+
+
+def ql_axis_levels(x, out, depth, inner, scale, lo, hi, zp):
+    if x.size:
+        blocks, dc, dj = _axis_steps(x.size, depth, inner)
+        f = np.float32
+        _launch(_FQ["ql_axis_levels"], blocks, TPB)(
+            x, out, depth, inner, dc, dj, _dev(scale, f), _dev(lo, f), _dev(hi, f), _dev(zp, f)
         )
 
 

@@ -149,8 +149,10 @@ def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True)
     return QParams(scale, stored_zp, store, (np.asarray(lo), np.asarray(hi)), (nmin, nmax), degenerate)
 
 
-def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None, int4: bool = True):
-    """Range, codes and parameters of a weight tensor (last-value range, narrow grid).
+def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None, int4: bool = True,
+                  round_mode: str = "half_up"):
+    """Range, codes and parameters of a weight tensor (last-value range, narrow grid), rounded as
+    ``round_mode`` (``QuantConfig.round_mode``) asks: the training graph's weight FakeQuant bit for bit.
 
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
     codes shifted into the signed container (``int4=False``: 4 bits in int8).
@@ -160,7 +162,7 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     else:
         lo, hi = minmax(w, axis=axis)
     lo, hi = widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
-    codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis)
+    codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis, round_mode=round_mode.upper())
     params = qparams(lo, hi, bits=bits, narrow=True, signed=True, int4=int4)
     stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())
     return stored, params
@@ -183,7 +185,8 @@ class DynamicLstmWeight:
         return np.ascontiguousarray(np.transpose((q - zp) * s, (0, 2, 1)))
 
 
-def dynamic_lstm_weight(w: np.ndarray, *, bits: int, symmetric: bool, per_channel: bool) -> DynamicLstmWeight:
+def dynamic_lstm_weight(w: np.ndarray, *, bits: int, symmetric: bool, per_channel: bool,
+                        round_mode: str = "half_up") -> DynamicLstmWeight:
     """An ONNX LSTM weight ``W``/``R`` (``[num_directions, 4*hidden_size, K]``) quantized for
     DynamicQuantizeLSTM with qtool's weight grid (narrow range, TF's nudging; ``bits`` <= 8 in an
     int8 container). Per channel: one range per (direction, gate row), the kernel's
@@ -192,7 +195,7 @@ def dynamic_lstm_weight(w: np.ndarray, *, bits: int, symmetric: bool, per_channe
     dirs, rows, k = w.shape
     flat = np.ascontiguousarray(w.reshape(dirs * rows, k), dtype=np.float32)
     stored, params = weight_params(flat, bits=bits, symmetric=symmetric, axis=0 if per_channel else None,
-                                   int4=False)
+                                   int4=False, round_mode=round_mode)
     if per_channel:
         scale = params.scale.reshape(dirs, rows)
         zero_point = params.zero_point.reshape(dirs, rows)

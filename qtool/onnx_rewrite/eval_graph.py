@@ -37,8 +37,10 @@ beyond the rounding of an int32 bias:
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
 QuantizeLinear rounds half to even where TF's FakeQuant rounds half up;
-weights are rounded offline by the kernels, so only activations can differ,
-by one step on exact ties.
+weights are rounded offline by the kernels in the asked round mode, so with
+``half_up`` only activations can differ, by one step on exact ties, and with
+``half_to_even`` (a training graph's FakeQuant computing QuantizeLinear's
+level) nothing does.
 
 **LSTMs** (``plan.recurrent``, placed by ``placement.integer.RecurrentLayers``) become
 onnxruntime's ``com.microsoft.DynamicQuantizeLSTM``: ``W``/``R`` quantized by the codec
@@ -179,7 +181,8 @@ class EvalEncoder:
                 self.result.left_in_float.append(LeftInFloat(n.name, n.op_type, "weights not quantized: the weight has inf or NaN values"))
             return
         cfg = self.config
-        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.weights_symmetric, axis=point.axis)
+        stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.weights_symmetric, axis=point.axis,
+                                       round_mode=cfg.round_mode)
         base = self.names.prefix(point.name, ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
         q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
         scale = self.initializer(f"{base}/scale", params.scale)
@@ -225,7 +228,8 @@ class EvalEncoder:
                     lstm.name, lstm.op_type, f"weights not quantized: {what} has inf or NaN values"))
                 return
         quantized = {what: dynamic_lstm_weight(a, bits=cfg.weight_bits, symmetric=point.symmetric,
-                                               per_channel=point.per_channel) for what, a in (("W", w), ("R", r))}
+                                               per_channel=point.per_channel, round_mode=cfg.round_mode)
+                     for what, a in (("W", w), ("R", r))}
         values = [f"{what}_{part}" for what in "WR" for part in ("quantized", "scale", "zero_point")]
         base = self.names.prefix(point.name, [DYNAMIC_LSTM], values)
         extra = []

@@ -97,7 +97,7 @@ def prepare_eval(model: ir.Model, config: QuantConfig, label: str = "<model>") -
 
 
 CONTRACT_OPTIONS = ("weight_bits", "activation_bits", "symmetric", "per_channel", "scope", "exclude",
-                    "symmetric_weights", "float_rnn")
+                    "symmetric_weights", "float_rnn", "round_mode")
 
 
 def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, list[str]]:

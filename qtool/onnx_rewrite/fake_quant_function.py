@@ -35,6 +35,20 @@ some inputs. ``min == max == 0`` gives zeros (as the kernels do), and so does
 a range too small for a normal float32 scale (``max - min < (qmaxf - qminf) *
 FLT_MIN``), where TF's arithmetic overflows ``inv_scale`` and gives NaN.
 
+Attribute ``half_to_even`` (0/1, default 0: the graphs written before it round
+as TF): 1 is ``rewrite-train --round-mode half_to_even``, the level QuantizeLinear
+computes on the same nudged grid, so the deployed model's activations round
+exactly like the training graph's (spec/rewrites.md section 1)::
+
+    zp = zero_point above; degenerate ranges: divisor 1 and level bounds 0
+    level = Round(clamp(x / scale, qminf - zp, qmaxf - zp))  # ONNX Round: half to even; -0 as +0
+    out   = level * scale
+
+The division replaces TF's ``(clamped - nudged_min) OP - quant_zero``: that
+sum is rounded on its own, and an exact tie of ``x / scale`` often is not one
+after it (QuantizeLinear divides ``x`` itself). Both forms are computed and
+``Where`` picks one.
+
 ``qtool::FakeQuantBias(b, scale)`` (attribute ``saturate``, 0/1) is the
 deployed model's int32 bias in float: the eval graph stores a Conv/Gemm bias
 as ``q = round_half_even(float32(b / scale))`` with ``scale = input_scale *
@@ -75,14 +89,18 @@ def _body() -> list[onnx.NodeProto]:
 
     nb_ref = helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="num_bits")
     nr_ref = helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="narrow_range")
+    he_ref = helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name="half_to_even")
     num_bits = n("Constant", [], ["num_bits_i64"])
     num_bits.attribute.append(nb_ref)
     narrow = n("Constant", [], ["narrow_i64"])
     narrow.attribute.append(nr_ref)
+    half_to_even = n("Constant", [], ["half_to_even_i64"])
+    half_to_even.attribute.append(he_ref)
     return [
         # --- the grid ------------------------------------------------------------
         num_bits,
         narrow,
+        half_to_even,
         n("Constant", [], ["one_u32"], value=helper.make_tensor("one_u32", TensorProto.UINT32, [], [1])),
         n("Cast", ["num_bits_i64"], ["num_bits_u32"], to=TensorProto.UINT32),
         n("BitShift", ["one_u32", "num_bits_u32"], ["levels_u32"], direction="LEFT"),
@@ -155,7 +173,21 @@ def _body() -> list[onnx.NodeProto]:
         n("Where", ["use_divide", "shifted_div", "shifted_mul"], ["scaled"]),
         n("Sub", ["scaled", "quant_zero"], ["level_raw"]),
         n("Add", ["level_raw", "half"], ["level_half"]),
-        n("Floor", ["level_half"], ["level"]),
+        n("Floor", ["level_half"], ["level_up"]),
+        # --- half_to_even: QuantizeLinear's level Round(clamp(x / scale, qmin - zp, qmax - zp)) ---------
+        n("Where", ["degenerate", "one", "scale_raw"], ["divisor"]),
+        n("Div", ["x", "divisor"], ["x_over_scale"]),
+        n("Where", ["degenerate", "zero", "qmin_minus_zp"], ["level_min"]),
+        n("Where", ["degenerate", "zero", "qmax_minus_zp"], ["level_max"]),
+        n("Less", ["level_max", "x_over_scale"], ["level_above"]),
+        n("Where", ["level_above", "level_max", "x_over_scale"], ["level_clamped_hi"]),
+        n("Less", ["level_clamped_hi", "level_min"], ["level_below"]),
+        n("Where", ["level_below", "level_min", "level_clamped_hi"], ["level_clamped"]),
+        n("Round", ["level_clamped"], ["level_rounded"]),
+        n("Equal", ["level_rounded", "zero"], ["level_is_zero"]),
+        n("Where", ["level_is_zero", "zero", "level_rounded"], ["level_even"]),  # +0.0, as DequantizeLinear
+        n("Cast", ["half_to_even_i64"], ["half_to_even_bool"], to=TensorProto.BOOL),
+        n("Where", ["half_to_even_bool", "level_even", "level_up"], ["level"]),
         n("Mul", ["level", "scale"], ["y"]),
     ]
 
@@ -222,9 +254,10 @@ def function_proto(opset: int) -> onnx.FunctionProto:
         opset_imports=[helper.make_opsetid("", int(opset))],
         attributes=[],
         doc_string="TensorFlow FakeQuant (kernels.md section 1) in standard ONNX ops; "
-        "scalar min/max: fake_quant_with_min_max_vars, else per_channel.",
+        "scalar min/max: fake_quant_with_min_max_vars, else per_channel; half_to_even=1: QuantizeLinear's "
+        "rounding on the same grid.",
     )
-    for name, default in (("num_bits", 8), ("narrow_range", 0)):
+    for name, default in (("num_bits", 8), ("narrow_range", 0), ("half_to_even", 0)):
         fn.attribute_proto.append(helper.make_attribute(name, default))
     return fn
 
@@ -253,12 +286,12 @@ def add_fake_quant_function(model) -> None:
     model.ir_version = max(model.ir_version, 9)  # model-local functions with attribute defaults
 
 
-def fake_quant_model(shape_x, shape_range, *, num_bits: int, narrow_range: bool, opset: int = MIN_OPSET
-                     ) -> onnx.ModelProto:
+def fake_quant_model(shape_x, shape_range, *, num_bits: int, narrow_range: bool, opset: int = MIN_OPSET,
+                     half_to_even: bool = False) -> onnx.ModelProto:
     """A one-node model ``y = qtool::FakeQuant(x, min, max)`` (min/max as inputs): for tests and checks."""
     f = TensorProto.FLOAT
     node = helper.make_node(NAME, ["x", "min", "max"], ["y"], domain=DOMAIN, num_bits=int(num_bits),
-                            narrow_range=int(bool(narrow_range)))
+                            narrow_range=int(bool(narrow_range)), half_to_even=int(bool(half_to_even)))
     graph = helper.make_graph(
         [node],
         "fake_quant",

@@ -144,10 +144,11 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
                             f"range: {_first(missing)}")
     if ignored_arrays:
         notes.append(f"calibration data: ignored array(s) not named like a model input: {', '.join(ignored_arrays)}")
-    if encoding.activations:
+    if encoding.activations and not prepared.config.half_to_even:
         notes.append(
             "QuantizeLinear rounds activations half to even at run time; TensorFlow's FakeQuant rounds "
-            "half up (exact ties differ by one step). Weights are rounded offline, exactly as TensorFlow."
+            "half up (exact ties differ by one step; --round-mode half_to_even rounds as QuantizeLinear). Weights are "
+            "rounded offline, exactly as TensorFlow."
         )
     if encoding.recurrent:
         notes.append("LSTMs run as onnxruntime's com.microsoft.DynamicQuantizeLSTM: int8 weights, and the kernel "

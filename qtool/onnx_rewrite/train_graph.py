@@ -134,8 +134,10 @@ class TrainEncoder:
 
     def _fake_quant(self, x: ir.Value, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
         ops = self.ops
-        out = ops.op(fqf.NAME, [x, lo, hi], f"{base}/FakeQuant",
-                     {"num_bits": int(bits), "narrow_range": int(narrow)}, domain=fqf.DOMAIN, shape=x.shape)
+        attributes = {"num_bits": int(bits), "narrow_range": int(narrow)}
+        if self.config.half_to_even:  # absent: TF's half up (the function's default)
+            attributes["half_to_even"] = 1
+        out = ops.op(fqf.NAME, [x, lo, hi], f"{base}/FakeQuant", attributes, domain=fqf.DOMAIN, shape=x.shape)
         if self.active is not None:
             out = ops.op("Where", [self.active, out, x], f"{base}/delayed_quant", shape=x.shape)
         return out

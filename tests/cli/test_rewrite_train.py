@@ -30,6 +30,25 @@ def test_rewrite_train_sample_then_eval(work):
     assert not any(n.domain == "qtool" for n in onnx.load(qdq).graph.node)
 
 
+def test_round_mode_half_to_even_is_recorded_and_deployed_without_the_rounding_note(work):
+    out, qdq = work / "model.qat.onnx", work / "model.qdq.onnx"
+    result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--data", work / "calib.npz",
+                    "--round-mode", "half_to_even")
+    assert result.exit_code == 0, result.output
+    model = onnx.load(out)
+    contract = json.loads({p.key: p.value for p in model.metadata_props}["qtool.training"])
+    assert contract["options"]["round_mode"] == "half_to_even"
+    assert all(any(a.name == "half_to_even" and a.i == 1 for a in n.attribute)
+               for n in model.graph.node if n.op_type == "FakeQuant")
+    result = invoke("rewrite-eval", out, "-o", qdq, "-v", "--json", work / "summary.json")
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assert "rounds activations half to even" not in result.stdout  # rounded as trained
+    assert json.loads((work / "summary.json").read_text())["options"]["round_mode"] == "half_to_even"
+    result = invoke("rewrite-eval", work / "model.onnx", "-o", work / "ptq.onnx", "-v", "--data", work / "calib.npz")
+    assert "rounds activations half to even" in result.stdout  # the default: TF's half up, noted
+
+
 def test_json_summary_and_idempotence(work):
     out = work / "model.qat.onnx"
     result = invoke("rewrite-train", work / "model.onnx", "-o", out, "--json")
@@ -67,6 +86,7 @@ def test_in_place(work):
     (["model.onnx", "-o", "out.onnx", "--weight-bits", "17"], "weight-bits"),
     (["model.onnx", "-o", "out.onnx", "--data", "model.onnx"], "calibration"),
     (["model.onnx", "-o", "model.onnx"], "--in-place"),
+    (["model.onnx", "-o", "out.onnx", "--round-mode", "HALF_UP"], "--round-mode"),
 ])
 def test_bad_input_is_one_line_nonzero_exit_nothing_written(work, args, message, monkeypatch):
     monkeypatch.chdir(work)

@@ -27,15 +27,18 @@ def jax_cache(tmp_path_factory):
         os.environ["QTOOL_JAX_CACHE"] = old
 
 
-def _train_graph(folder: Path, name: str, bits: int) -> Path:
+def _train_graph(folder: Path, name: str, bits: int, round_mode: str = "half_up") -> Path:
     from qtool.api import rewrite_train
 
     out = folder / name
-    rewrite_train(str(MODEL), str(out), calibration_data=str(CALIB), quant=QuantConfig(weight_bits=bits, activation_bits=bits), schedule=TrainSchedule(freeze_bn_delay=0))
+    rewrite_train(str(MODEL), str(out), calibration_data=str(CALIB),
+                  quant=QuantConfig(weight_bits=bits, activation_bits=bits, round_mode=round_mode),
+                  schedule=TrainSchedule(freeze_bn_delay=0))
     return out
 
 
 @pytest.fixture(scope="session")
 def graphs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("graphs")
-    return {"w3a3": _train_graph(folder, "w3a3.qat.onnx", 3), "w8a8": _train_graph(folder, "w8a8.qat.onnx", 8)}
+    return {"w3a3": _train_graph(folder, "w3a3.qat.onnx", 3), "w8a8": _train_graph(folder, "w8a8.qat.onnx", 8),
+            "w3a3_even": _train_graph(folder, "w3a3.even.qat.onnx", 3, "half_to_even")}

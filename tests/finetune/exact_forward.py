@@ -18,7 +18,12 @@ import onnxruntime as ort
 from qtool.finetune.interpreter import Interpreter
 
 
-def main(path: str, data: str, steps: list[int]) -> None:
+def main(paths: str, data: str, steps: list[int]) -> None:
+    """``paths``: training graphs separated by commas (one process, one JAX start, for all of them)."""
+    print(json.dumps({path: compare(path, data, steps) for path in paths.split(",")}))
+
+
+def compare(path: str, data: str, steps: list[int]) -> dict:
     interp = Interpreter(onnx.load(path))
     x = np.load(data)["input"]
     options = ort.SessionOptions()
@@ -37,7 +42,7 @@ def main(path: str, data: str, steps: list[int]) -> None:
                                                    <= 1e-5 * np.max(np.abs(ref[name]))))}
             for name in interp.output_names
         }
-    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

@@ -96,6 +96,50 @@ def test_per_channel_gradients_are_the_kernel_gradients():
     assert np.asarray(gmin)[0, 2] == 0 and np.asarray(gmax)[0, 2] == 0
 
 
+def _function(x, lo, hi, bits, narrow, half_to_even):
+    """onnxruntime running the ``qtool::FakeQuant`` function body (the training graph's)."""
+    import onnxruntime as ort
+
+    from qtool.onnx_rewrite.fake_quant_function import fake_quant_model
+
+    model = fake_quant_model([None] * x.ndim, list(np.shape(lo)), num_bits=bits, narrow_range=narrow,
+                             half_to_even=half_to_even)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x, "min": np.asarray(lo, np.float32), "max": np.asarray(hi, np.float32)})[0]
+
+
+@pytest.mark.parametrize("bits, narrow, lo, hi", RANGES)
+def test_half_to_even_forward_is_the_function_body_bit_for_bit(bits, narrow, lo, hi):
+    """--round-mode half_to_even (QuantizeLinear's level on TF's grid): JAX == onnxruntime on the ties of the
+    grid x / scale = k + 0.5, which TF's FakeQuant rounds up, random values and special values."""
+    rng = np.random.default_rng(bits + 17)
+    scale = np.float32(qtool.nudged_range(lo, hi, bits, narrow)[2])
+    ties = ((rng.integers(-(2**bits), 2**bits, 300) + np.float32(0.5)) * scale).astype(np.float32)
+    x = np.concatenate([_inputs(rng, lo, hi, bits, narrow), ties, np.float32([np.nan])])
+    got = jax.jit(lambda x, a, b: fake_quant(x, a, b, bits, narrow, True, True))(
+        jnp.asarray(x), jnp.float32(lo), jnp.float32(hi))
+    np.testing.assert_array_equal(_bits(got), _bits(_function(x, np.float32(lo), np.float32(hi), bits, narrow, True)))
+    tf = qtool.fake_quant_with_min_max_vars(x, lo, hi, bits, narrow)
+    assert np.count_nonzero(np.asarray(got) != tf) > 0  # the ties really round otherwise
+
+
+def test_half_to_even_per_channel_forward_and_gradients():
+    """Per channel ([1, C] ranges, a [0, 0] channel among them): the forward is the function body's; the
+    gradients are TF's straight-through ones, identical to half up's (the mode changes the rounding only)."""
+    rng = np.random.default_rng(4)
+    lo = -np.abs(rng.standard_normal(8)).astype(np.float32)
+    hi = np.abs(rng.standard_normal(8)).astype(np.float32)
+    lo[2], hi[2] = 0.0, 0.0
+    x = (rng.standard_normal((200, 8)) * 1.5).astype(np.float32)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    args = (jnp.asarray(x), jnp.asarray(lo[None]), jnp.asarray(hi[None]))
+    even, vjp_even = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True, True, True), *args)
+    _, vjp_up = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True, True, False), *args)
+    np.testing.assert_array_equal(_bits(even), _bits(_function(x, lo[None], hi[None], 4, True, True)))
+    for a, b in zip(vjp_even(jnp.asarray(g)), vjp_up(jnp.asarray(g))):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
 def test_range_grad_off_gives_zero_range_gradients():
     x = jnp.linspace(-3, 3, 50, dtype=jnp.float32)
     _, vjp = jax.vjp(lambda a, b: fake_quant(x, a, b, 4, False, False), jnp.float32(-1), jnp.float32(1))

@@ -23,29 +23,36 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- the sample training graph: JAX == onnxruntime -------------------------------------------------------
-def _exact_report(path, data, steps):
+def _exact_reports(paths, data, steps) -> list[dict]:
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_max_isa=AVX", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exact_forward.py")), str(path), str(data)]
-                          + [str(s) for s in steps], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exact_forward.py")),
+                           ",".join(str(p) for p in paths), str(data)] + [str(s) for s in steps],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    reports = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [reports[str(p)] for p in paths]
+
+
+def _exact_report(path, data, steps) -> dict:
+    return _exact_reports([path], data, steps)[0]
 
 
 def test_training_graph_forward_is_bit_exact_with_onnxruntime(graphs):
     """The sample at W3A3, quantization on, batch norms frozen (the graph freezes from step 0): the
-    logits and every activation-range update are bit for bit onnxruntime's on 500 samples.
+    logits and every activation-range update are bit for bit onnxruntime's on 500 samples, in both
+    round modes (``w3a3_even``: ``--round-mode half_to_even``).
     (FakeQuant keeps its divisors un-fused; XLA's CPU ISA is capped to AVX in the subprocess so
     nothing is contracted into an FMA.) The moving batch-norm statistics are means over the batch,
     summed in another order by XLA: equal to float32 rounding."""
-    report = _exact_report(graphs["w3a3"], EVAL, [0, 7])
-    for step, outputs in report.items():
-        assert outputs["logits"]["equal"], (step, outputs["logits"])
-        for out, r in outputs.items():
-            if "act_quant" in out or "input_quant" in out or "conv_quant" in out:
-                assert r["equal"], (step, out, r)
-            else:
-                assert r["max_abs_diff"] <= 1e-6 * max(1.0, r["max_abs"]), (step, out, r)
+    for graph, report in zip(("w3a3", "w3a3_even"), _exact_reports([graphs["w3a3"], graphs["w3a3_even"]], EVAL, [0, 7])):
+        for step, outputs in report.items():
+            assert outputs["logits"]["equal"], (graph, step, outputs["logits"])
+            for out, r in outputs.items():
+                if "act_quant" in out or "input_quant" in out or "conv_quant" in out:
+                    assert r["equal"], (graph, step, out, r)
+                else:
+                    assert r["max_abs_diff"] <= 1e-6 * max(1.0, r["max_abs"]), (graph, step, out, r)
 
 
 def test_training_graph_forward_at_8_bits(graphs):

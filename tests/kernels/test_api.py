@@ -269,6 +269,29 @@ def test_quantize_codes_rejects_nan_and_clamps_inf():
     np.testing.assert_array_equal(q, [255, 0])
 
 
+@pytest.mark.parametrize("narrow", [False, True])
+def test_quantize_codes_half_to_even_are_quantize_linear_codes_on_tf_grid(narrow):
+    """round_mode="HALF_TO_EVEN": rint(clamp(x / scale, qmin - zp, qmax - zp)) + zp with TF's nudged scale
+    and zero point (what a --round-mode half_to_even training graph computes), per tensor and per channel;
+    a [0, 0] channel gives its zero point. HALF_UP (the default) stays TF's FakeQuant codes."""
+    rng = np.random.default_rng(3)
+    lo, hi = np.array([-0.9, -2.3, 0.0], f32), np.array([1.7, 0.4, 0.0], f32)
+    _, _, scale, zp = qtool.nudged_range(lo, hi, 8, narrow)
+    qmin = 1 if narrow else 0
+    k = rng.integers(-130, 130, (3, 400)).astype(f32) + f32(0.5)
+    x = np.concatenate([(k * scale[:, None]).astype(f32), rng.uniform(-3, 3, (3, 400)).astype(f32)], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        levels = np.clip(np.rint(x / scale[:, None]), (qmin - zp)[:, None], (255 - zp)[:, None])
+    want = np.where(scale[:, None] == 0, zp[:, None], levels + zp[:, None]).astype(np.int32)
+    got = qtool.quantize_codes(x, lo, hi, 8, narrow, axis=0, round_mode="HALF_TO_EVEN")
+    np.testing.assert_array_equal(got, want)
+    assert np.count_nonzero(qtool.quantize_codes(x, lo, hi, 8, narrow, axis=0) != want) > 100  # ties round up
+    np.testing.assert_array_equal(qtool.quantize_codes(x[0], lo[0], hi[0], 8, narrow, round_mode="HALF_TO_EVEN"), want[0])
+    np.testing.assert_array_equal(qtool.quantize_codes(x[2], 0.0, 0.0, 8, narrow, round_mode="HALF_TO_EVEN"), want[2])
+    with pytest.raises(ValueError, match="Round mode string must be 'HALF_UP' or 'HALF_TO_EVEN', is 'half_up'"):
+        qtool.quantize_codes(x, lo, hi, 8, narrow, axis=0, round_mode="half_up")
+
+
 def test_round_half_away_keeps_the_sign_of_zero_like_std_round():
     from qtool.kernels import cpu
 

@@ -141,7 +141,9 @@ def test_fake_quant_per_tensor_matches_cpu(case):
     assert_close(dmin, wmin)
     assert_close(dmax, wmax)
     finite = x[np.isfinite(x)]
-    assert_bits(qtool.quantize_codes(dev(finite), mn, mx, nb, narrow, device="cuda"), qtool.quantize_codes(finite, mn, mx, nb, narrow, device="cpu"))
+    for mode in ("HALF_UP", "HALF_TO_EVEN"):
+        assert_bits(qtool.quantize_codes(dev(finite), mn, mx, nb, narrow, round_mode=mode, device="cuda"),
+                    qtool.quantize_codes(finite, mn, mx, nb, narrow, round_mode=mode, device="cpu"))
 
 
 @SETTINGS
@@ -170,10 +172,11 @@ def test_fake_quant_per_channel_matches_cpu(case, depth, lead_rank):
     fin = np.where(np.isfinite(xs), xs, 0).astype(f32)
     axis = int(rng.integers(0, fin.ndim))
     cm, cx = np.resize(mins, fin.shape[axis]), np.resize(maxs, fin.shape[axis])
-    assert_bits(
-        qtool.quantize_codes(dev(fin), cm, cx, nb, narrow, axis=axis, device="cuda"),
-        qtool.quantize_codes(fin, cm, cx, nb, narrow, axis=axis, device="cpu"),
-    )
+    for mode in ("HALF_UP", "HALF_TO_EVEN"):
+        assert_bits(
+            qtool.quantize_codes(dev(fin), cm, cx, nb, narrow, axis=axis, round_mode=mode, device="cuda"),
+            qtool.quantize_codes(fin, cm, cx, nb, narrow, axis=axis, round_mode=mode, device="cpu"),
+        )
 
 
 @SETTINGS
