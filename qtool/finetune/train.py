@@ -116,6 +116,13 @@ class _Roles:
     quant_delay: int
     freeze_bn_delay: int | None
     range_update: str | None = None  # the input that holds the activation ranges when fed 0 (validation)
+    bounds: dict = field(default_factory=dict)  # min state name -> (lo, hi) where its readers saturate
+
+
+def _bound(bound) -> tuple[float, float]:
+    """A contract's ``bound`` ([lo, hi], null for unbounded) as numbers."""
+    lo, hi = bound
+    return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
 
 
 def _roles(contract: dict, interp: Interpreter) -> _Roles:
@@ -123,6 +130,7 @@ def _roles(contract: dict, interp: Interpreter) -> _Roles:
         state = dict(contract["state"])
         parameters = [p for p in contract.get("parameters", [])]
         ranges = [(q["min"], q["max"]) for q in contract.get("activation_quantizers", [])]
+        bounds = {q["min"]: _bound(q["bound"]) for q in contract.get("activation_quantizers", []) if q.get("bound")}
         weight_prefixes = [q["quantizer"] for q in contract.get("weight_quantizers", [])]
         step_input = contract["step_input"]
         quant_delay = int(contract.get("quant_delay") or 0)
@@ -146,7 +154,7 @@ def _roles(contract: dict, interp: Interpreter) -> _Roles:
     if range_update is not None and range_update not in interp.feedable:
         raise QtoolError(f"{interp.label}: the range-update input '{range_update}' is not a graph input with a default")
     return _Roles(step_input, state, parameters, ranges, weight_prefixes, data_outputs, quant_delay, freeze,
-                  range_update)
+                  range_update, bounds)
 
 
 # --- losses and metrics -------------------------------------------------------------------------------
@@ -427,8 +435,10 @@ def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, opt
             new_params[name] = base_value - rate * updates[name]
         for lo_name, hi_name in roles.ranges:
             if lo_name in new_params and hi_name in new_params:
-                lo = jnp.minimum(new_params[lo_name], 0.0)
-                hi = jnp.maximum(new_params[hi_name], 0.0)
+                # within the bound the graph clips its batch ranges to (rewrite-eval clips to it as well)
+                bound_lo, bound_hi = roles.bounds.get(lo_name, (-math.inf, math.inf))
+                lo = jnp.clip(new_params[lo_name], bound_lo, 0.0)
+                hi = jnp.clip(new_params[hi_name], 0.0, bound_hi)
                 new_params[lo_name] = lo
                 new_params[hi_name] = jnp.maximum(hi, lo + _MIN_RANGE)
         new_state = {name: outs[roles.state[name]] for name in state}

@@ -32,6 +32,7 @@ the trained activation ranges, for ``rewrite_eval``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,6 +78,7 @@ class TrainActivationPoint:
     shares: str | None = None  # the key of the range it uses when not its own (a carried or grouped point)
     key: str | None = None  # the key others share it by (its tensor, or its group)
     batch_values: list[ir.Value] = field(default_factory=list)  # a group's tensors: one EMA over their union
+    bound: tuple[float, float] | None = None  # the batch range is clipped to it (ActivationPoint.bound)
 
 
 @dataclass
@@ -245,6 +247,8 @@ class TrainEncoder:
         base = self.ops.names.prefix(point.name)
         entry = {"quantizer": base, "tensor": tensor, "kind": point.kind, "rule": point.rule, "input": tensor,
                  "range_source": point.range_source, "bits": cfg.activation_bits}
+        if point.bound is not None:
+            entry["bound"] = [b if math.isfinite(b) else None for b in point.bound]
         if point.shares is not None and point.shares in self.ranges:
             new_min, new_max, lo_name, hi_name, initial = self.ranges[point.shares]
         elif point.range_source == "fixed":
@@ -271,6 +275,16 @@ class TrainEncoder:
         entry.update({"input": value.name, "output": q.name, "min": lo_name, "max": hi_name, "initial_range": initial})
         self.result.activations.append(entry)
 
+    def _bounded(self, lo: ir.Value, hi: ir.Value, bound, base: str) -> tuple[ir.Value, ir.Value]:
+        """The batch range clipped to the point's bound (where its consumers saturate), as the initial range."""
+        if bound is None:
+            return lo, hi
+        if math.isfinite(bound[0]):
+            lo = self.ops.op("Max", [lo, self.ops.const(f"{base}/bound_min", np.float32(bound[0]))], f"{base}/BoundMin")
+        if math.isfinite(bound[1]):
+            hi = self.ops.op("Min", [hi, self.ops.const(f"{base}/bound_max", np.float32(bound[1]))], f"{base}/BoundMax")
+        return lo, hi
+
     def _ema_range(self, point: TrainActivationPoint, base: str):
         """State ``<base>/min``/``max`` and their update with the batch's range (TF's EMA), over the
         point's tensor and its group's."""
@@ -284,6 +298,7 @@ class TrainEncoder:
         batch_lo = lows[0] if len(lows) == 1 else ops.op("Min", lows, f"{base}/GroupMin")
         batch_hi = highs[0] if len(highs) == 1 else ops.op("Max", highs, f"{base}/GroupMax")
         self.range_readers.update(id(v.producer()) for v in lows + highs)
+        batch_lo, batch_hi = self._bounded(batch_lo, batch_hi, point.bound, base)
         range_lo, range_hi = self._widen(batch_lo, batch_hi, cfg.activation_bits, False, base, cfg.symmetric)
         decay = ops.const(f"{base}/decay", np.float32(1.0 - EMA_DECAY))
         if self.range_update is not None:

@@ -231,7 +231,7 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
         encoder.encode_activation(tg.TrainActivationPoint(
             point.name, value, point.kind, point.rule, (lo, hi), "fixed" if point.fixed_range else
             ("calibration" if source == "calibration" else "default") if point.source is None else "carried",
-            shares, key, batch))
+            shares, key, batch, point.bound))
 
 
 def _fake_quant_of(value: ir.Value | None) -> ir.Node | None:

@@ -62,6 +62,9 @@ class ActivationPoint:
       the same range, so the op runs on the integers without requantization;
     - ``group``: tensors that must share one range (a Concat's inputs and output): the union of
       the members' calibrated ranges.
+
+    ``bound``: where its only consumers saturate (a HardSwish input: every value <= -3 gives 0), its
+    own range is clipped to that interval: the levels outside it would change nothing downstream.
     """
 
     value: ir.Value
@@ -75,6 +78,7 @@ class ActivationPoint:
     fixed_range: tuple[float, float] | None = None
     group: int | None = None
     default: tuple[float, float] | None = None  # the range without data (else TF's defaults)
+    bound: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
@@ -120,7 +124,17 @@ class ActivationPoint:
             d["same_as"] = self.root().value.name
         if self.fixed_range is not None:
             d["fixed_range"] = list(self.fixed_range)
+        if self.bound is not None:
+            d["bound"] = list(self.bound)
         return d
+
+    def clipped(self, rng: tuple[float, float]) -> tuple[float, float]:
+        """``rng`` clipped to the point's ``bound`` (unchanged without one, or where the bound would leave
+        nothing of it)."""
+        if self.bound is None:
+            return tuple(rng)
+        lo, hi = max(rng[0], self.bound[0]), min(rng[1], self.bound[1])
+        return (lo, hi) if lo < hi else tuple(rng)
 
 
 @dataclass
@@ -200,7 +214,8 @@ class QuantPlan:
         for p in self.activations:
             if p.calibrated:
                 r = (ranges or {}).get(p.value.name)
-                own[p.value.name] = (tuple(r), "calibration") if r is not None else (p.default_range, "default")
+                own[p.value.name] = ((p.clipped(r), "calibration") if r is not None
+                                     else (p.clipped(p.default_range), "default"))
             elif p.fixed_range is not None:
                 own[p.value.name] = (p.fixed_range, "fixed")
         for members in self.groups().values():
