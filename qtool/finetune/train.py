@@ -119,10 +119,14 @@ class _Roles:
     bounds: dict = field(default_factory=dict)  # min state name -> (lo, hi) where its readers saturate
 
 
-def _bound(bound) -> tuple[float, float]:
-    """A contract's ``bound`` ([lo, hi], null for unbounded) as numbers."""
-    lo, hi = bound
-    return (-math.inf if lo is None else float(lo), math.inf if hi is None else float(hi))
+def _bound(bound, initial) -> tuple[float, float]:
+    """A contract's ``bound`` ([lo, hi], null for unbounded) as numbers, widened to the initial range
+    (``rewrite-train`` starts one grid step beyond the bound, where the readers saturate)."""
+    lo = -math.inf if bound[0] is None else float(bound[0])
+    hi = math.inf if bound[1] is None else float(bound[1])
+    if initial:
+        lo, hi = min(lo, float(initial[0])), max(hi, float(initial[1]))
+    return lo, hi
 
 
 def _roles(contract: dict, interp: Interpreter) -> _Roles:
@@ -130,7 +134,8 @@ def _roles(contract: dict, interp: Interpreter) -> _Roles:
         state = dict(contract["state"])
         parameters = [p for p in contract.get("parameters", [])]
         ranges = [(q["min"], q["max"]) for q in contract.get("activation_quantizers", [])]
-        bounds = {q["min"]: _bound(q["bound"]) for q in contract.get("activation_quantizers", []) if q.get("bound")}
+        bounds = {q["min"]: _bound(q["bound"], q.get("initial_range"))
+                  for q in contract.get("activation_quantizers", []) if q.get("bound")}
         weight_prefixes = [q["quantizer"] for q in contract.get("weight_quantizers", [])]
         step_input = contract["step_input"]
         quant_delay = int(contract.get("quant_delay") or 0)

@@ -46,6 +46,13 @@ def near(value: float, target: float, lo: float, hi: float) -> bool:
     return abs(value - target) <= (hi - lo) / 255 / 2 + 1e-6
 
 
+def just_beyond(value: float, bound: float, lo: float, hi: float) -> bool:
+    """Beyond ``bound`` (away from 0) by at most one and a half steps: the clipped end is one step past the
+    bound, so that TF's nudging (half a step at most) keeps it where the readers saturate."""
+    step = (hi - lo) / 255
+    return 0 < (value - bound) * np.sign(bound) <= 1.5 * step + 1e-6
+
+
 def conv1_min(proto, feeds) -> float:
     """The float model's smallest conv1 output on ``feeds``."""
     probe = onnx.ModelProto()
@@ -60,7 +67,7 @@ def test_hardswish_input_range_stops_at_minus_three():
     proto, feeds = model("hardswish")
     lo, hi = eval_range(proto, feeds)
     assert conv1_min(proto, feeds) < -10  # the calibrated minimum, far below -3
-    assert near(lo, -3.0, lo, hi) and hi > 10
+    assert just_beyond(lo, -3.0, lo, hi) and hi > 10
     proto, feeds = model("hardswish", also_add=True)  # read by an Add too: no bound
     lo, hi = eval_range(proto, feeds)
     assert near(lo, conv1_min(proto, feeds), lo, hi)
@@ -68,7 +75,7 @@ def test_hardswish_input_range_stops_at_minus_three():
 
 def test_hardsigmoid_input_range_is_its_linear_part():
     lo, hi = eval_range(*model("hardsigmoid"))
-    assert near(lo, -3.0, lo, hi) and near(hi, 3.0, lo, hi)
+    assert just_beyond(lo, -3.0, lo, hi) and just_beyond(hi, 3.0, lo, hi)
 
 
 def test_training_graph_keeps_the_bound(tmp_path):
@@ -78,18 +85,19 @@ def test_training_graph_keeps_the_bound(tmp_path):
     m = onnx.load(path)
     contract = json.loads({p.key: p.value for p in m.metadata_props}["qtool.training"])
     (entry,) = [a for a in contract["activation_quantizers"] if "bound" in a]
-    assert entry["bound"] == [-3.0, None] and entry["initial_range"][0] == -3.0
-    # the EMA update of a batch reaching -60 stays at the bound
+    lo0, hi0 = entry["initial_range"]
+    assert entry["bound"] == [-3.0, None] and -3.0 - 1.5 * (hi0 - lo0) / 255 < lo0 < -3.0
+    # the EMA update with a batch reaching far below -3 moves the minimum toward the bound, not below it
     updated = entry["min"] + ":updated"
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     feed = {"x": feeds["x"], contract["step_input"]: np.array(0, np.int64)}
     (new_min,) = session.run([updated], feed)
-    assert float(new_min) == -3.0
+    assert conv1_min(proto, feeds) < -10 and lo0 <= float(new_min) <= -3.0
 
 
 def test_finetune_keeps_trained_ranges_within_the_bound(tmp_path):
-    """Adam at a large rate moves every range; a bounded minimum stays at or above -3, so the deployed
-    model (which clips to the bound) uses the range that was trained."""
+    """Adam at a large rate moves every range; a bounded minimum stays within a step of -3 (where it
+    started), so the deployed model (which clips to the bound) uses the range that was trained."""
     from qtool.finetune.train import FinetuneConfig, finetune
 
     proto, feeds = model("hardswish")
@@ -100,4 +108,4 @@ def test_finetune_keeps_trained_ranges_within_the_bound(tmp_path):
     contract = json.loads({p.key: p.value for p in m.metadata_props}["qtool.training"])
     (entry,) = [a for a in contract["activation_quantizers"] if "bound" in a]
     inits = {i.name: float(numpy_helper.to_array(i)) for i in m.graph.initializer if i.name == entry["min"]}
-    assert inits[entry["min"]] >= -3.0
+    assert inits[entry["min"]] >= entry["initial_range"][0]  # one grid step beyond -3 at most

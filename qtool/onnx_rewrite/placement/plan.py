@@ -128,13 +128,18 @@ class ActivationPoint:
             d["bound"] = list(self.bound)
         return d
 
-    def clipped(self, rng: tuple[float, float]) -> tuple[float, float]:
-        """``rng`` clipped to the point's ``bound`` (unchanged without one, or where the bound would leave
-        nothing of it)."""
+    def clipped(self, rng: tuple[float, float], levels: int) -> tuple[float, float]:
+        """``rng`` clipped to the point's ``bound`` plus one step of a ``levels`` grid (TF's nudging moves
+        a range end by up to half a step: the clipped end stays beyond the bound, where the readers
+        saturate). An end within two steps of the bound is kept (a trained range, which started one step
+        beyond it, deploys as trained); unchanged without a bound, or where the bound would leave nothing."""
         if self.bound is None:
             return tuple(rng)
         lo, hi = max(rng[0], self.bound[0]), min(rng[1], self.bound[1])
-        return (lo, hi) if lo < hi else tuple(rng)
+        if lo >= hi:
+            return tuple(rng)
+        step = (hi - lo) / (levels - 1)
+        return (rng[0] if rng[0] >= lo - 2 * step else lo - step, rng[1] if rng[1] <= hi + 2 * step else hi + step)
 
 
 @dataclass
@@ -214,8 +219,9 @@ class QuantPlan:
         for p in self.activations:
             if p.calibrated:
                 r = (ranges or {}).get(p.value.name)
-                own[p.value.name] = ((p.clipped(r), "calibration") if r is not None
-                                     else (p.clipped(p.default_range), "default"))
+                levels = 2 ** self.config.activation_bits
+                own[p.value.name] = ((p.clipped(r, levels), "calibration") if r is not None
+                                     else (p.clipped(p.default_range, levels), "default"))
             elif p.fixed_range is not None:
                 own[p.value.name] = (p.fixed_range, "fixed")
         for members in self.groups().values():
