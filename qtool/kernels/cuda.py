@@ -187,6 +187,19 @@ def _reduce_config(n: int, cols: int):
 
 # --- kernels -----------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
+def _next_channel(j, c, dj, dc, inner, depth):
+    """The inner index and channel of the element one grid stride on (``_axis_steps``'s ``dc``, ``dj``)."""
+    j += dj
+    c += dc
+    if j >= inner:
+        j -= inner
+        c += 1
+    if c >= depth:
+        c -= depth
+    return j, c
+
+
+@cuda.jit(device=True, inline=True)
 def _outside_sums(g, x, lo, hi, s_min, s_max):
     """A gradient into the running float64 sums of the gradients below ``lo`` / above ``hi``."""
     if x < lo:
@@ -252,13 +265,7 @@ def _fq_kernels(S, P):
         while i < x.size:
             out[i] = fq_mul(x[i], nmin[c], nmax[c], scale[c], inv_scale[c], quant_zero[c])
             i += stride
-            j += dj
-            c += dc
-            if j >= inner:
-                j -= inner
-                c += 1
-            if c >= depth:
-                c -= depth
+            j, c = _next_channel(j, c, dj, dc, inner, depth)
 
     @cuda.jit
     def fq_axis_levels(x, out, depth, inner, dc, dj, nmin, nmax, inv_scale, quant_zero, zp):
@@ -269,13 +276,7 @@ def _fq_kernels(S, P):
         while i < x.size:
             out[i] = np.int32(add(fq_level_mul(x[i], nmin[c], nmax[c], inv_scale[c], quant_zero[c]), zp[c]))
             i += stride
-            j += dj
-            c += dc
-            if j >= inner:
-                j -= inner
-                c += 1
-            if c >= depth:
-                c -= depth
+            j, c = _next_channel(j, c, dj, dc, inner, depth)
 
     @cuda.jit
     def ql_axis_levels(x, out, depth, inner, dc, dj, scale, lo, hi, zp):
@@ -286,13 +287,7 @@ def _fq_kernels(S, P):
         while i < x.size:
             out[i] = np.int32(add(ql_level(x[i], scale[c], lo[c], hi[c]), zp[c]))
             i += stride
-            j += dj
-            c += dc
-            if j >= inner:
-                j -= inner
-                c += 1
-            if c >= depth:
-                c -= depth
+            j, c = _next_channel(j, c, dj, dc, inner, depth)
 
     @cuda.jit
     def fq_grad_reduce(g, x, out, lo, hi, acc_min, acc_max, cols, cols2, inner, depth):
@@ -407,13 +402,7 @@ def _qdq_kernels(S):
             else:
                 out[i] = qdq_free(x[i], scale[c], inv[c], half_up, half)
             i += stride
-            j += dj
-            c += dc
-            if j >= inner:
-                j -= inner
-                c += 1
-            if c >= depth:
-                c -= depth
+            j, c = _next_channel(j, c, dj, dc, inner, depth)
 
     @cuda.jit
     def qdq_tensor_grad(g, x, out, lo, hi, one, zero):
@@ -432,13 +421,7 @@ def _qdq_kernels(S):
         while i < x.size:
             out[i] = qdq_masked(g[i], x[i], lo[c], hi[c], one, zero)
             i += stride
-            j += dj
-            c += dc
-            if j >= inner:
-                j -= inner
-                c += 1
-            if c >= depth:
-                c -= depth
+            j, c = _next_channel(j, c, dj, dc, inner, depth)
 
     @cuda.jit
     def qdq_params_from_minmax(x, acc_lo, acc_hi, zidx, mins, maxs, scale, inv, lo, hi, min_q, max_q, big, zero):

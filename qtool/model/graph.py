@@ -16,6 +16,16 @@ import onnx_ir as ir
 from qtool.model.codec import DEQUANTIZE, QDQ_INNER, QUANTIZE, QUANTIZER_LOOK_THROUGH, is_onnx
 
 
+def take_over(old: ir.Value, new: ir.Value) -> None:
+    """``new`` replaces ``old`` everywhere (graph outputs included) and takes its name and type."""
+    name, shape, vtype = old.name, old.shape, old.type
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    old.name = None
+    new.name = name
+    if vtype is not None:
+        new.type, new.shape = vtype, shape
+
+
 class GraphView:
     """Consumers and producers of a graph with Q/DQ pairs made transparent."""
 

@@ -73,7 +73,7 @@ from qtool.model.codec import (
     weight_params,
 )
 from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
-from qtool.model.graph import GraphView
+from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
@@ -247,12 +247,7 @@ class EvalEncoder:
                        attributes, num_outputs=len(lstm.outputs), name=f"{base}/{DYNAMIC_LSTM}")
         self.graph.insert_before(lstm, node)
         for old, new in zip(lstm.outputs, node.outputs):
-            name, shape, vtype = old.name, old.shape, old.type
-            old.replace_all_uses_with(new, replace_graph_outputs=True)
-            old.name = None
-            new.name = name
-            if vtype is not None:
-                new.type, new.shape = vtype, shape
+            take_over(old, new)
         sources = [constant_source(v) for v in lstm.inputs[1:3]]
         self.graph.remove(lstm, safe=True)
         for source in sources:

@@ -37,6 +37,7 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig
 from qtool.model.constants import clip_bounds, constant_array, constant_source, remove_if_unused
+from qtool.model.graph import take_over
 from qtool.model.names import NameScope
 
 HARD_SWISH_ALPHA, HARD_SWISH_BETA = 1.0 / 6.0, 0.5
@@ -46,16 +47,6 @@ GATE_RANGE = (0.0, 1.0)
 def uses_integer_gates(config: QuantConfig) -> bool:
     """The integer form applies: 8-bit asymmetric (uint8) activations."""
     return config.activation_bits == 8 and not config.symmetric
-
-
-def _take_over(old: ir.Value, new: ir.Value) -> None:
-    """``new`` replaces ``old`` everywhere (graph outputs included) and takes its name and type."""
-    name, shape, vtype = old.name, old.shape, old.type
-    old.replace_all_uses_with(new, replace_graph_outputs=True)
-    old.name = None
-    new.name = name
-    if vtype is not None:
-        new.type, new.shape = vtype, shape
 
 
 def _hard_sigmoid(x: ir.Value, alpha: float, beta: float, base: str) -> ir.Node:
@@ -78,7 +69,7 @@ def split_hard_swish(graph: ir.Graph, config: QuantConfig, names: NameScope) -> 
         gate = _hard_sigmoid(x, HARD_SWISH_ALPHA, HARD_SWISH_BETA, base)
         mul = ir.node("Mul", [x, gate.outputs[0]], name=f"{base}/Mul")
         graph.insert_before(node, [gate, mul])
-        _take_over(node.outputs[0], mul.outputs[0])
+        take_over(node.outputs[0], mul.outputs[0])
         graph.remove(node, safe=True)
         split.append(node.name)
     return split
@@ -143,7 +134,7 @@ def written_out(graph: ir.Graph, config: QuantConfig, names: NameScope) -> list[
         if product is not None:
             new.append(ir.node("Mul", [x, new[0].outputs[0]], name=f"{base}/Mul"))
         graph.insert_before(add, new)
-        _take_over(reader.outputs[0], new[-1].outputs[0])
+        take_over(reader.outputs[0], new[-1].outputs[0])
         constants = [v for n in nodes for v in n.inputs if v is not None and constant_array(v) is not None]
         for node in reversed(nodes):
             graph.remove(node, safe=True)

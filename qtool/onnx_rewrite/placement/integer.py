@@ -56,7 +56,7 @@ import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
 from qtool.model.constants import clip_bounds, constant_dtype, is_constant, not_constant_reason
-from qtool.model.layers import int_attr, is_layer
+from qtool.model.layers import float_attr, int_attr, is_layer
 from qtool.model.names import context_of
 from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
 from qtool.onnx_rewrite.placement.plan import (
@@ -146,7 +146,7 @@ def saturation_bound(ctx: PlanContext, node: ir.Node, x: ir.Value) -> tuple[floa
     if node.op_type == "HardSwish":
         return (-3.0, math.inf)
     if node.op_type == "HardSigmoid":
-        alpha, beta = _float_attr(node, "alpha", 0.2), _float_attr(node, "beta", 0.5)
+        alpha, beta = float_attr(node, "alpha", 0.2), float_attr(node, "beta", 0.5)
         return (-beta / alpha, (1.0 - beta) / alpha) if alpha > 0 else None
     if node.op_type == "Mul" and len(node.inputs) == 2:
         inputs = [ctx.view.input(node, i) for i in range(2)]
@@ -156,11 +156,6 @@ def saturation_bound(ctx: PlanContext, node: ir.Node, x: ir.Value) -> tuple[floa
             bound = saturation_bound(ctx, gate, x)
             return None if bound is None else (bound[0], math.inf)
     return None
-
-
-def _float_attr(node: ir.Node, name: str, default: float) -> float:
-    attr = node.attributes.get(name)
-    return default if attr is None else float(attr.as_float())
 
 
 class SaturatingConsumers(PlacementRule):
