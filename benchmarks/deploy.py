@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -71,16 +71,12 @@ def session_options(optimized_path: str | None = None) -> ort.SessionOptions:
 
 def median_seconds(sessions: dict, feeds: dict, rounds: int, warmup: int) -> dict[str, float]:
     """Median thread CPU seconds of one ``run`` of each session on ``feeds``, the sessions interleaved
-    round-robin (``warmup`` untimed rounds first): the timing every zoo benchmark uses."""
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for r in range(warmup + rounds):
-        for name, sess in sessions.items():
-            t = time.thread_time()
-            sess.run(None, feeds)
-            dt = time.thread_time() - t
-            if r >= warmup:
-                times[name].append(dt)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    round-robin (``warmup`` untimed rounds first): the timing every zoo benchmark uses, and
+    ``qtool simulate --latency``'s (``qtool.simulate.latency.interleaved_medians``)."""
+    from qtool.simulate.latency import interleaved_medians
+
+    return interleaved_medians({name: functools.partial(sess.run, None, feeds) for name, sess in sessions.items()},
+                               rounds, warmup)
 
 
 def graph_ops(path: str, float_layers: list | None = None) -> Counter:

@@ -10,8 +10,10 @@ loop, so the ratio holds on a busy machine where milliseconds wander.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,17 +46,23 @@ def _one_thread(runner: Runner):
     return tapped_session(runner.model, [], options=options, what=what)
 
 
+def interleaved_medians(runs: Mapping[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, float]:
+    """Median thread CPU seconds of one call of each of ``runs``, the calls interleaved round-robin
+    (``warmup`` untimed rounds first): qtool's timing, and the benchmarks'."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(warmup + rounds):
+        for name, run in runs.items():
+            start = time.thread_time()
+            run()
+            if i >= warmup:
+                times[name].append(time.thread_time() - start)
+    return {name: statistics.median(spent) for name, spent in times.items()}
+
+
 def measure(float_runner: Runner, runners: list[Runner], feed: dict[str, np.ndarray], rounds: int) -> Latency:
     """Median one-thread milliseconds of every model on ``feed`` (one sample), interleaved."""
     sessions = [_one_thread(r) for r in [float_runner] + runners]
     feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
-    times: list[list[float]] = [[] for _ in sessions]
-    for i in range(WARMUP + rounds):
-        for session, spent in zip(sessions, times):
-            names = session.outputs[:1]
-            start = time.thread_time()
-            session.run(feed, names, "the timed run")
-            if i >= WARMUP:
-                spent.append(time.thread_time() - start)
-    ms = [statistics.median(t) * 1e3 for t in times]
+    runs = {str(i): functools.partial(s.run, feed, s.outputs[:1], "the timed run") for i, s in enumerate(sessions)}
+    ms = [seconds * 1e3 for seconds in interleaved_medians(runs, rounds, WARMUP).values()]
     return Latency(rounds, ms[0], {r.label: m for r, m in zip(runners, ms[1:])})
