@@ -141,11 +141,16 @@ def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True)
     scale = np.asarray(scale, dtype=np.float32)
     zero = scale == 0
     degenerate = int(np.count_nonzero(zero))
+    stored_zp = np.asarray(zp, dtype=np.int64) - store.shift
     if degenerate:
-        # min == max == 0: TF outputs zeros. Every code equals the zero point, so
-        # any scale gives 0; 1.0 keeps QuantizeLinear and int8 kernels well defined.
+        # min == max == 0: TF outputs zeros. Every code equals the zero point, so any scale and
+        # zero point give 0: scale 1.0 keeps QuantizeLinear well defined, and a stored zero
+        # point of 0 keeps a symmetric weight grid symmetric (onnxruntime's QLinearConv takes a
+        # generic path, 50x slower on a depthwise convolution, when one channel's zero point
+        # differs from the others').
         scale = np.where(zero, np.float32(1.0), scale).astype(np.float32)
-    stored_zp = (np.asarray(zp, dtype=np.int64) - store.shift).astype(store.numpy_dtype())
+        stored_zp = np.where(zero, 0, stored_zp)
+    stored_zp = stored_zp.astype(store.numpy_dtype())
     return QParams(scale, stored_zp, store, (np.asarray(lo), np.asarray(hi)), (nmin, nmax), degenerate)
 
 
@@ -165,6 +170,13 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis, round_mode=round_mode.upper())
     params = qparams(lo, hi, bits=bits, narrow=True, signed=True, int4=int4)
     stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())
+    if params.degenerate:  # all-zero channels: their codes are their zero point (see qparams)
+        zero = np.asarray(params.nudged[0] == params.nudged[1])
+        if axis is not None:
+            zero = np.expand_dims(zero, tuple(d for d in range(w.ndim) if d != axis % w.ndim))
+        stored = np.where(zero, params.zero_point if axis is None else np.expand_dims(
+            params.zero_point, tuple(d for d in range(w.ndim) if d != axis % w.ndim)), stored)
+        stored = stored.astype(params.storage.numpy_dtype())
     return stored, params
 
 

@@ -78,3 +78,22 @@ def test_reading_an_existing_dq():
     s, z, dtype = codec.dq_params(dq)
     assert s is scale and z is zp and dtype == ir.DataType.UINT8
     assert codec.storage_of(ir.DataType.UINT8, 8, False).dtype == ir.DataType.UINT8
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_an_all_zero_weight_channel_stores_zero_point_0(axis):
+    """A dead channel (all weights 0, common in trained depthwise convolutions) has the range
+    [0, 0]: scale 1 and, like every symmetric channel, zero point 0 with its codes 0. TF's
+    nudging gives it the grid's minimum (-127) instead, and one odd zero point sends
+    onnxruntime's QLinearConv down a generic path (50x slower on PP-OCRv4's depthwise convs)."""
+    w = np.random.default_rng(0).normal(size=(4, 1, 3, 3)).astype(np.float32)
+    w[2] = 0
+    if axis is None:
+        w[:] = 0
+    stored, p = codec.weight_params(w, bits=8, symmetric=True, axis=axis)
+    assert p.degenerate == 1
+    assert p.zero_point.dtype == np.int8 and not np.any(p.zero_point)
+    assert not np.any(stored[2]) and np.all(p.scale[2:3] == 1 if axis == 0 else p.scale == 1)
+    if axis == 0:  # the live channels keep their codes
+        live = codec.weight_params(w[[0, 1, 3]], bits=8, symmetric=True, axis=0)[0]
+        assert np.array_equal(stored[[0, 1, 3]], live)
