@@ -93,6 +93,7 @@ class EvalEncoding:
     biases: list[dict] = field(default_factory=list)
     recurrent: list[dict] = field(default_factory=list)  # LSTMs written as DynamicQuantizeLSTM
     integer_gates: list[dict] = field(default_factory=list)  # HardSigmoids written as an integer Add
+    scalar_operands: list[dict] = field(default_factory=list)  # Add/Mul constants read through their own DQ
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -296,6 +297,32 @@ class EvalEncoder:
         self.result.integer_gates.append({"node": node.name, "alpha": float(alpha), "beta": float(beta),
                                           "shift": float(shift), "quantizer": q.name, "scale": float(q_scale)})
 
+    def encode_scalar_operand(self, node: ir.Node, index: int) -> None:
+        """The scalar constant of an Add/Mul whose other operand is quantized, read through its own
+        DequantizeLinear: one code, ``+-1`` from the zero point, with the constant's magnitude as scale,
+        so it dequantizes to the constant exactly (the float and the training graph's value) and
+        onnxruntime runs QLinearAdd/QLinearMul (placement.integer)."""
+        constant = node.inputs[index]
+        c = constant_array(constant).astype(np.float32)
+        store = storage(self.config.activation_bits, signed=self.config.symmetric, narrow=False, int4=False)
+        value = np.float32(c.reshape(-1)[0])
+        zero = 0 if value >= 0 or store.grid[0] < 0 else 1  # a negative constant on an unsigned grid: zp 1, code 0
+        code = zero + (0 if value == 0 else 1 if value > 0 else -1)
+        scale = np.float32(abs(value)) if value != 0 else np.float32(1.0)
+        base = self.names.prefix(f"{node.name or node.op_type}/constant_quant", [DEQUANTIZE],
+                                 ["quantized", "scale", "zero_point", "dequantized"])
+        dq = dequantize_node(self.initializer(f"{base}/quantized", np.full(c.shape, code, store.numpy_dtype()), store.dtype),
+                             self.initializer(f"{base}/scale", np.array(scale, np.float32)),
+                             self.initializer(f"{base}/zero_point", np.array(zero, store.numpy_dtype()), store.dtype),
+                             base, None, c.shape)
+        self.graph.insert_before(node, dq)
+        node.replace_input_with(index, dq.outputs[0])
+        source = constant_source(constant)
+        if source is not None:
+            remove_if_unused(self.graph, source.nodes, [source.root])
+        self.result.scalar_operands.append({"node": node.name, "op": node.op_type, "constant": float(value),
+                                            "quantizer": base})
+
     # --- activations -------------------------------------------------------------------------
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
@@ -378,6 +405,8 @@ class EvalEncoder:
             self.encode_activation(point, resolved[point.value.name])
         for node in self.plan.integer_gates:  # after the activations: rewires the gate's QuantizeLinear
             self.encode_gate(node)
+        for node, index in self.plan.scalar_operands:
+            self.encode_scalar_operand(node, index)
         self.report_float_layers()
         self.quantize_biases()
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values

@@ -24,6 +24,12 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
   - an Add or Mul of quantized tensors gets its output quantized (QLinearAdd,
     QLinearMul), except the additive attention mask path: nothing that feeds a
     Softmax is quantized, so ``-inf``/``-1e4`` masks are never clipped;
+  - so does an Add or Mul of a quantized tensor and a **scalar constant** (``plan.scalar_operands``):
+    the eval graph reads the constant through its own DequantizeLinear, one code whose scale is the
+    constant itself (exact: the float graph, the training graph and the deployed model use the same
+    value), so onnxruntime runs QLinearAdd/QLinearMul. PaddleOCR's PP-LCNetV3 follows every
+    HardSwish with a learnable affine block ``w * x + b`` (scalars): left in float between a DQ and
+    a Q it also kept the HardSwish's Mul in float (real PP-OCRv4 recognizer, docs/deploy.md);
   - a Concat's inputs and output share one range, the union (QLinearConcat
     with no requantization), except an input right after a layer's Relu/Clip
     when another input can be negative (it keeps its own range, so the
@@ -52,10 +58,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE
-from qtool.model.constants import clip_bounds, constant_dtype, is_constant, not_constant_reason
+from qtool.model.constants import clip_bounds, constant_array, constant_dtype, is_constant, not_constant_reason
 from qtool.model.layers import float_attr, int_attr, is_layer
 from qtool.model.names import context_of
 from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
@@ -84,6 +91,47 @@ INTEGER_KERNELS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Sig
 
 def _variable_inputs(ctx: PlanContext, node: ir.Node) -> list[ir.Value]:
     return [v for v in (ctx.view.input(node, i) for i in range(len(node.inputs))) if v is not None and not is_constant(v)]
+
+
+def scalar_operand(node: ir.Node) -> int | None:
+    """The index of the scalar float32 constant operand of an Add/Mul whose other operand is computed at
+    run time (a single finite value, any rank: ``3``, ``[1]``, ``[1, 1, 1]``), or None."""
+    if node.domain != "" or node.op_type not in ("Add", "Mul") or len(node.inputs) != 2:
+        return None
+    constant = [i for i, v in enumerate(node.inputs) if is_constant(v)]
+    if len(constant) != 1 or node.inputs[1 - constant[0]] is None:
+        return None
+    value = constant_array(node.inputs[constant[0]])
+    if value is None or value.dtype != np.float32 or value.size != 1 or not np.isfinite(value).all():
+        return None
+    return constant[0]
+
+
+ARITHMETIC_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Sqrt")
+WRITTEN_OUT_CORES = ("Tanh", "Erf")  # GELU's two forms (and Mish): onnxruntime fuses them in float
+
+
+def _in_written_out_function(ctx: PlanContext, node: ir.Node, depth: int = 3) -> bool:
+    """``node`` is arithmetic around a Tanh/Erf within ``depth`` arithmetic steps, up or down: a GELU
+    written out (``0.5 * x * (1 + erf(x / sqrt 2))``, the tanh form's ``x + 0.044715 x^3``), which
+    onnxruntime fuses into one float Gelu/FastGelu; a pair inside it would split the fusion and run
+    the pieces as a QLinear chain with a pair per step."""
+    seen, frontier = {id(node)}, [node]
+    for _ in range(depth):
+        step = []
+        for n in frontier:
+            near = [v.producer() for v in n.inputs if v is not None]
+            near += [c for o in n.outputs if o is not None for c in ctx.view.consumers(o)]
+            for m in near:
+                if m is None or id(m) in seen or m.domain != "":
+                    continue
+                seen.add(id(m))
+                if m.op_type in WRITTEN_OUT_CORES:
+                    return True
+                if m.op_type in ARITHMETIC_OPS:
+                    step.append(m)
+        frontier = step
+    return False
 
 
 def _feeds_softmax(ctx: PlanContext, value: ir.Value) -> bool:
@@ -238,14 +286,16 @@ class IntegerOps(PlacementRule):
     def _arithmetic(ctx, node):
         variable = _variable_inputs(ctx, node)
         out = node.outputs[0]
-        if len(variable) < 2 or ctx.point(out) is not None or _feeds_softmax(ctx, out):
-            return  # with a float constant operand onnxruntime has no integer kernel (QLinearAdd/Mul need two)
+        scalar = len(variable) == 1 and scalar_operand(node) is not None and not _in_written_out_function(ctx, node)
+        if (len(variable) < 2 and not scalar) or ctx.point(out) is not None or _feeds_softmax(ctx, out):
+            return  # with a non-scalar constant operand onnxruntime has no integer kernel (QLinearAdd/Mul)
         consumers = ctx.view.consumers(out)
         if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ("Relu", "Clip"):
             return  # onnxruntime fuses the activation into QLinearAdd/QLinearMul: its output is the quantized one
         if all(ctx.is_quantized(v) for v in variable):
+            what = "a quantized tensor and a scalar constant" if scalar else "two quantized tensors"
             ctx.add_activation(out, f"activation_{node.op_type}_quant", node.name or node.op_type,
-                               f"{node.op_type} of two quantized tensors (QLinear{node.op_type})", node)
+                               f"{node.op_type} of {what} (QLinear{node.op_type})", node)
 
     @staticmethod
     def _concat(ctx, node):
@@ -331,7 +381,8 @@ class UnreadQuantizers(PlacementRule):
       output read by float ops (GELU's Div/Erf, LayerNormalization) made it 0.66x float against
       0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias);
     - an Add/Mul with a float constant operand (TF's rule 4 counts a constant as quantized): there is no
-      QLinearAdd/QLinearMul for it;
+      QLinearAdd/QLinearMul for it unless the constant is a scalar, and then only an integer reader
+      makes it pay (GELU written out starts with ``x * 0.5``: a pair there would split the GELU);
     - the output of an Add/Mul of two quantized tensors or of an activation function (not Relu/Clip)
       that only float ops read: the inside of a GELU written out (tanh form: ``x * x``, ``x * x^2``,
       ``x + c x^3``, Tanh, read by Mul/Add with constants) would otherwise run as QLinearMul/QLinearAdd
@@ -394,6 +445,8 @@ def _drop_concat_group(ctx: PlanContext, output: ActivationPoint) -> None:
 
 
 def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:
+    """An Add/Mul with a constant operand made ``value`` (with a scalar one it runs in integers, but
+    only an integer reader makes that worth a pair)."""
     producer = value.producer()
     return (producer is not None and producer.domain == "" and producer.op_type in ("Add", "Mul")
             and len(_variable_inputs(ctx, producer)) < 2)
@@ -444,8 +497,8 @@ def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
         return True
     if node.op_type not in INTEGER_KERNELS:
         return False
-    if node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2:
-        return False  # with a float constant operand there is no QLinearAdd/QLinearMul
+    if node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2 and scalar_operand(node) is None:
+        return False  # with a non-scalar float constant operand there is no QLinearAdd/QLinearMul
     return all(ctx.point(o) is not None for o in node.outputs if o is not None)
 
 
@@ -521,7 +574,8 @@ class FloatOps(PlacementRule):
         outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
         variable = _variable_inputs(ctx, node)
         inputs_quantized = all(ctx.is_quantized(v) for v in variable)
-        if node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized:
+        if (node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized
+                and not _constant_operand(ctx, node)):
             return
         if _is_integer_gate(ctx, node):
             return  # a HardSigmoid written as an integer Add (QLinearAdd)
@@ -531,6 +585,28 @@ class FloatOps(PlacementRule):
             return  # Add/Mul -> Relu/Clip: onnxruntime fuses the activation into QLinearAdd/QLinearMul
         ctx.plan.other_ops[node.op_type] += 1
         ctx.plan.float_ops.append(LeftInFloat(node.name, node.op_type, _float_reason(ctx, node, variable)))
+
+
+def _constant_operand(ctx: PlanContext, node: ir.Node) -> bool:
+    """An Add/Mul with a non-scalar constant operand: onnxruntime runs it in float."""
+    return (node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2
+            and scalar_operand(node) is None)
+
+
+class ScalarOperands(PlacementRule):
+    """Not a placement: the Add/Mul of a quantized tensor and a scalar constant whose output kept its
+    quantizer go to ``plan.scalar_operands``, ``(node, constant input index)``: the eval graph reads the
+    constant through its own DequantizeLinear (QLinearAdd/QLinearMul need one on each input)."""
+
+    name = "scalar operands"
+
+    def candidates(self, ctx):
+        return [n for n in ctx.graph if scalar_operand(n) is not None]
+
+    def apply(self, ctx, node):
+        x = node.inputs[1 - scalar_operand(node)]
+        if ctx.point(node.outputs[0]) is not None and ctx.is_quantized(x):
+            ctx.plan.scalar_operands.append((node, scalar_operand(node)))
 
 
 def _recurrent(node: ir.Node) -> bool:
@@ -558,8 +634,10 @@ def _float_reason(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> 
     missing = [v.name for v in variable if not ctx.is_quantized(v)]
     if missing:
         return f"input '{missing[0]}' is not quantized"
+    if _constant_operand(ctx, node):
+        return "onnxruntime has no integer kernel for an Add/Mul with a non-scalar constant operand"
     return "its output is not quantized"
 
 
 INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), UnreadQuantizers(),
-                                             SaturatingConsumers(), RecurrentLayers(), FloatOps())
+                                             SaturatingConsumers(), RecurrentLayers(), ScalarOperands(), FloatOps())

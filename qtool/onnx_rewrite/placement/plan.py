@@ -191,6 +191,9 @@ class QuantPlan:
     recurrent: list[RecurrentPoint] = field(default_factory=list)  # LSTMs run by DynamicQuantizeLSTM
     # HardSigmoids whose eval encoding is an integer Add (onnx_rewrite.hard_activations)
     integer_gates: list[ir.Node] = field(default_factory=list)
+    # Add/Mul of a quantized tensor and a scalar constant: (node, the constant's input index), which the
+    # eval graph reads through its own DequantizeLinear (placement.integer.ScalarOperands)
+    scalar_operands: list[tuple[ir.Node, int]] = field(default_factory=list)
     left_in_float: list[LeftInFloat] = field(default_factory=list)  # layers and placements that did not apply
     float_ops: list[LeftInFloat] = field(default_factory=list)  # other ops that run in float, and why
     other_ops: Counter = field(default_factory=Counter)
