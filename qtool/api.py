@@ -106,7 +106,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     observed, ranges_from = None, None
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
-        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress)
+        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
+                                      whole=prepared.whole_range_tensors())
         found = observed.ranges
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
@@ -176,7 +177,8 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     observed, ranges = None, {}
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
-        observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress)
+        observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress,
+                                      whole=prepared.whole_range_tensors())
         ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
     encoded = encode_train(prepared, schedule, ranges)
     files = _save(opened)
@@ -204,10 +206,12 @@ def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
 
 
 def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
+    whole = []
     if tensors is None:
-        tensors = fold_and_plan(ir_model, quant)[2].tensors_to_calibrate()
+        plan = fold_and_plan(ir_model, quant)[2]
+        tensors, whole = plan.tensors_to_calibrate(), plan.whole_range_tensors()
     loaded = load_calibration_data(data, input_specs(ir_model))
-    return cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress)
+    return cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress, whole=whole)
 
 
 def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig(),

@@ -66,8 +66,10 @@ def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: 
 
 def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
                    calibration: CalibrationConfig = CalibrationConfig(), quant: QuantConfig = QuantConfig(),
-                   progress: Progress | None = None) -> CalibrationResult:
+                   progress: Progress | None = None, whole: Sequence[str] = ()) -> CalibrationResult:
     """Observe ``tensors`` of ``model`` over ``data`` with ``calibration.method``; returns their ranges.
+    The tensors in ``whole`` (Softmax outputs: ``QuantPlan.whole_range_tensors``) are observed by
+    min/max whatever the method: their largest values are the ones that matter.
 
     Tensors that are graph inputs are observed on the fed batches directly.
     The histogram searches quantize with ``quant``'s activation bits and
@@ -78,7 +80,8 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
     start = time.perf_counter()
     values = value_map(model.graph)
     make_observer(method, **options)  # bad methods and options fail before the session is built
-    observers = {name: make_observer(method, **options) for name in tensors}
+    whole = set(whole)
+    observers = {name: make_observer("minmax" if name in whole else method, **options) for name in tensors}
     unknown = [t for t in tensors if t not in values]
     if unknown:
         raise QtoolError(f"cannot calibrate tensor '{unknown[0]}': not in the model")

@@ -46,6 +46,9 @@ class EvalGraph:
     def tensors_to_calibrate(self) -> list[str]:
         return self.plan.tensors_to_calibrate()
 
+    def whole_range_tensors(self) -> list[str]:
+        return self.plan.whole_range_tensors()
+
     def trained_ranges(self) -> dict[str, tuple[float, float]] | None:
         """TF's train-then-eval flow: the trained ranges, keyed by the folded graph's tensor names."""
         if self.trained is None:

@@ -103,6 +103,9 @@ class TrainGraph:
     def tensors_to_calibrate(self) -> list[str]:
         return self.plan.tensors_to_calibrate()
 
+    def whole_range_tensors(self) -> list[str]:
+        return self.plan.whole_range_tensors()
+
 
 
 def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:

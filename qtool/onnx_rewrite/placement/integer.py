@@ -254,7 +254,7 @@ class IntegerOps(PlacementRule):
         elif op == "Softmax":
             ctx.add_activation(node.outputs[0], "softmax_quant", context_of(node.name or op),
                                "Softmax output: calibrated range [0, max] ([0, 1] without data)", node,
-                               default=SOFTMAX_RANGE)
+                               default=SOFTMAX_RANGE, whole_range=True)
 
     @staticmethod
     def _carry(ctx, node):

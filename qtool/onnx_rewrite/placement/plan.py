@@ -79,6 +79,10 @@ class ActivationPoint:
     group: int | None = None
     default: tuple[float, float] | None = None  # the range without data (else TF's defaults)
     bound: tuple[float, float] | None = None
+    # observed by min/max whatever the calibration method: a Softmax output, whose largest values
+    # (the probabilities that matter) a histogram method would clip (the real PP-OCRv4 recognizer's
+    # output probabilities clipped at 0.06 by --calibration-method entropy: 0.6 dB output SQNR)
+    whole_range: bool = False
 
     @property
     def name(self) -> str:
@@ -207,6 +211,10 @@ class QuantPlan:
     def tensors_to_calibrate(self) -> list[str]:
         return [p.value.name for p in self.new_activations() if p.calibrated]
 
+    def whole_range_tensors(self) -> list[str]:
+        """The tensors to calibrate whose range must hold all their data (``ActivationPoint.whole_range``)."""
+        return [p.value.name for p in self.new_activations() if p.calibrated and p.whole_range]
+
     def groups(self) -> dict[int, list[ActivationPoint]]:
         groups: dict[int, list[ActivationPoint]] = {}
         for p in self.activations:
@@ -290,8 +298,8 @@ class PlanContext:
     def add_activation(self, value: ir.Value, kind: str, context: str, rule: str, producer: ir.Node | None, *,
                        after_activation: bool = False, consumers: list[ir.Node] | None = None,
                        source: ActivationPoint | None = None, fixed_range: tuple[float, float] | None = None,
-                       group: int | None = None, default: tuple[float, float] | None = None
-                       ) -> ActivationPoint | None:
+                       group: int | None = None, default: tuple[float, float] | None = None,
+                       whole_range: bool = False) -> ActivationPoint | None:
         """Quantize ``value`` (once: a second rule asking for the same tensor shares the point);
         ``source``, ``fixed_range``, ``group``, ``default``: where its range comes from
         (:class:`ActivationPoint`)."""
@@ -310,7 +318,7 @@ class PlanContext:
                 self.left(producer or consumer, f"output not quantized ({kind}): consumer {reason}")
                 return None
         point = ActivationPoint(value, kind, context, rule, producer, after_activation, self.exists(value),
-                               source, fixed_range, group, default)
+                               source, fixed_range, group, default, whole_range=whole_range)
         self._points[id(value)] = point
         self.plan.activations.append(point)
         return point
