@@ -280,7 +280,7 @@ class EvalEncoder:
             return
         alpha = np.float32(float_attr(node, "alpha", 0.2))
         beta = np.float32(float_attr(node, "beta", 0.5))
-        base = self.names.prefix(f"{node.name or 'HardSigmoid'}/integer", [DEQUANTIZE, "Add"],
+        base = self.names.prefix(f"{node.name or 'HardSigmoid'}/integer_quant", [DEQUANTIZE, "Add"],
                                  ["shift_quantized", "shift_scale", "shift_zero_point", "dequantized", "sum",
                                   "scale"])
         shift = np.float32(beta / alpha)

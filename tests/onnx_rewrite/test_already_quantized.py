@@ -41,9 +41,29 @@ def test_a_model_quantized_by_onnxruntime_is_refused(float_model, fmt, words):
     assert not (folder / "out.onnx").exists()
 
 
-def test_qtools_own_output_is_recognised_and_left_as_it_is(float_model):
-    path, x, folder = float_model
+@pytest.fixture(scope="module")
+def hard_swish_model(tmp_path_factory):
+    """HardSwish written out as paddle2onnx writes it, then a learnable affine block: qtool's output
+    has its integer gates' and scalar constants' DequantizeLinear nodes too."""
+    b = Builder(opset=12, constants=True)
+    x = b.input("x", ["N", 3, 8, 8])
+    y = b.conv(x, 3, 4, name="c1")
+    six = b.const(np.float32(6))
+    relu6 = b.node("Clip", [b.node("Add", [y, b.const(np.float32(3))]), b.const(np.float32(0)), six])
+    y = b.node("Div", [b.node("Mul", [y, relu6]), six])
+    y = b.node("Add", [b.node("Mul", [y, b.const(np.float32(0.7))]), b.const(np.float32(0.1))])
+    y = b.conv(y, 4, 2, name="c2")
+    folder = tmp_path_factory.mktemp("already_hs")
+    return save(b.proto([y]), folder / "float.onnx"), x_data(8, 3, 8, 8), folder
+
+
+@pytest.mark.parametrize("which", ["float_model", "hard_swish_model"])
+def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
+    path, x, folder = request.getfixturevalue(which)
     first = qtool.rewrite_eval(path, str(folder / "q.onnx"), calibration_data={"x": x})
+    if which == "hard_swish_model":
+        assert first.summary["counts"]["hard_sigmoids_integer"] == 1
+        assert first.summary["counts"]["scalar_operands_integer"] == 2
     again = qtool.rewrite_eval(str(folder / "q.onnx"), str(folder / "q2.onnx"))
     assert first.summary["changed"] and not again.summary["changed"]
     assert "already quantized: nothing to do" in again.summary["notes"][-1]
