@@ -3,7 +3,7 @@
 :func:`prepare_eval` takes a loaded model to the point where ranges are
 needed: a qtool training graph becomes its float graph again (its trained
 ranges are kept), the opset is raised when the encoding needs it, unnamed
-nodes get names, batch norms are folded and the placement rules plan the
+nodes get names, a constant Mul/Add after a layer and batch norms are folded and the placement rules plan the
 quantizers. :func:`encode_eval` writes the plan as
 QuantizeLinear/DequantizeLinear with the ranges the caller found
 (calibration lives in :mod:`qtool.calibrate`; ``qtool.api`` passes the
@@ -23,6 +23,7 @@ from qtool.model.layers import is_layer
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
+from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
@@ -73,7 +74,7 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
 
 def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
                   ) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Name nodes, fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``)
+    """Name nodes, fold a constant Mul/Add after a layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``)
     and plan the quantizers of ``model`` (in place). ``trained``: the
     model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic
     (the deployed weights and biases are then bit for bit those it trained with)."""
@@ -81,7 +82,9 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     name_unnamed_nodes(graph)
     check_exclude(graph, config.exclude, config.scope)
     names = NameScope(graph)
+    affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
+    folds.affine = affine
     split_hard_swish(graph, config, names)
     return names, folds, plan_quantization(graph, config)
 

@@ -29,6 +29,7 @@ match cannot be folded, for the report.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_ir as ir
@@ -45,6 +46,9 @@ from qtool.model.constants import (
 from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
 from qtool.model.layers import check_layer, float_attr, group_of, int_attr, output_channels, weight_is_quantized
 from qtool.onnx_rewrite.patterns import BN_FOLD
+
+if TYPE_CHECKING:
+    from qtool.onnx_rewrite.fold_affine import AffineReport
 
 _BN_INPUTS = ("scale", "B", "mean", "var")
 
@@ -79,9 +83,10 @@ class FoldSkip:
 class FoldReport:
     folded: list[FoldRecord]
     skipped: list[FoldSkip]
+    affine: AffineReport | None = None  # the constant Mul/Add folded before (fold_affine), when it ran
 
 
-def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
+def output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     if layer.op_type in ("Conv", "ConvTranspose"):
         return w.ndim
     if layer.op_type == "Gemm":
@@ -100,9 +105,12 @@ def _output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:
     return ranks.get(a.name)
 
 
-def _channel_vector(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
-    """A constant added to the layer output as one value per channel, or None."""
-    target = (1, channels) + (1,) * (rank - 2)
+def channel_vector(c: np.ndarray, channels: int, rank: int, axis: int = 1) -> np.ndarray | None:
+    """A constant combined with the layer output (channels on ``axis``) as one value per channel, or None
+    when it is not one value per channel or broadcasting it would change the output's shape."""
+    shape = [1] * rank
+    shape[axis] = channels
+    target = tuple(shape)
     if c.ndim > rank:
         return None
     try:
@@ -162,7 +170,7 @@ class FoldBatchNorm:
         if layer.op_type == "MatMul":
             if w.ndim != 2:
                 return f"MatMul weight rank {w.ndim}: only [K, N] weights fold"
-            rank = _output_rank(layer, w, self.view)
+            rank = output_rank(layer, w, self.view)
             if rank is None:
                 return "the MatMul input rank is unknown (BatchNormalization normalizes axis 1)"
             if rank != 2:
@@ -174,12 +182,12 @@ class FoldBatchNorm:
             c = constant_array(layer.inputs[2])
             if c is None:
                 return f"Gemm input C is not a constant ({not_constant_reason(layer.inputs[2])})"
-            if _channel_vector(c, channels, 2) is None:
+            if channel_vector(c, channels, 2) is None:
                 return f"Gemm input C of shape {list(c.shape)} is not one value per output channel"
         if bias_add is not None:
-            rank = _output_rank(layer, w, self.view) or 2
+            rank = output_rank(layer, w, self.view) or 2
             c = constant_array(other_input(bias_add, match_input(match), self.view))
-            if c is None or _channel_vector(c, channels, rank) is None:
+            if c is None or channel_vector(c, channels, rank) is None:
                 return f"the bias Add '{bias_add.name}' does not add one value per channel"
         return None
 
@@ -190,13 +198,13 @@ class FoldBatchNorm:
         old_weight = layer.inputs[1]
         w = constant_array(old_weight)
         channels = output_channels(layer, w)
-        rank = _output_rank(layer, w, self.view) or 2
+        rank = output_rank(layer, w, self.view) or 2
         ftype = np.float32 if self.float32 else np.float64
         gamma, beta, mean, var = (constant_array(v).astype(ftype).reshape(-1) for v in bn.inputs[1:5])
         eps = float_attr(bn, "epsilon", 1e-5)
         s = gamma / np.sqrt(var + ftype(np.float32(eps)))
 
-        w_new = _fold_weight(layer, w, s)
+        w_new = fold_weight(layer, w, s)
 
         # The bias before the batch norm: the layer's own, plus a bias Add's constant.
         b = None
@@ -205,7 +213,7 @@ class FoldBatchNorm:
             old_bias = layer.inputs[2]
             c = constant_array(old_bias)
             if op == "Gemm":
-                c = _channel_vector(c, channels, 2).astype(ftype)
+                c = channel_vector(c, channels, 2).astype(ftype)
                 beta_attr = float_attr(layer, "beta", 1.0)
                 if beta_attr != 1.0 or not self.float32:
                     c = c * ftype(beta_attr)
@@ -213,7 +221,7 @@ class FoldBatchNorm:
         add_const = None
         if bias_add is not None:
             add_const = other_input(bias_add, match_input(match), self.view)
-            c = _channel_vector(constant_array(add_const), channels, rank).astype(ftype)
+            c = channel_vector(constant_array(add_const), channels, rank).astype(ftype)
             b = c if b is None else b + c
         # the training fold's float32 order: (b - mean) * s + beta, -mean without a bias
         b_new = ((-mean if b is None else b - mean) * s + beta).astype(ftype)
@@ -269,13 +277,18 @@ class FoldBatchNorm:
                           bn_name, end.name)
 
     def _initializer(self, base: str, array: np.ndarray) -> ir.Value:
-        name = self.names.value(base)
-        value = ir.Value(name=name, const_value=ir.Tensor(contiguous(array), name=name))
-        self.graph.register_initializer(value)
-        return value
+        return new_initializer(self.graph, self.names, base, array)
 
 
-def _fold_weight(layer: ir.Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+def new_initializer(graph: ir.Graph, names: NameScope, base: str, array: np.ndarray) -> ir.Value:
+    """A new initializer holding ``array``, named uniquely after ``base``."""
+    name = names.value(base)
+    value = ir.Value(name=name, const_value=ir.Tensor(contiguous(array), name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def fold_weight(layer: ir.Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
     """``w`` scaled by ``s`` (one factor per output channel) along the layer's channel layout."""
     op = layer.op_type
     if op == "Conv":

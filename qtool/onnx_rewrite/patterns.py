@@ -45,6 +45,15 @@ BN_FOLD = ChainPattern(
     ],
 )
 
+# layer -> [Mul] -> [Add], each by a constant (fold_affine; before batch-norm folding)
+AFFINE_FOLD = ChainPattern(
+    Step("layer", LAYER_OPS),
+    [
+        Step("mul", ("Mul",), optional=True, sole_consumer=True, where=with_constant_operand),
+        Step("add", ("Add",), optional=True, sole_consumer=True, where=with_constant_operand),
+    ],
+)
+
 # layer -> [bias Add] -> [bypass Add] -> [Relu | Clip] -> [post-activation bypass Add]
 # (spec section 2; batch norms are folded before this is matched)
 LAYER_CHAIN = ChainPattern(

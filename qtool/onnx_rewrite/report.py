@@ -72,6 +72,7 @@ class RewriteResult:
         return {
             "batch_norms_folded": len(folds.folded),
             "batch_norms_not_folded": len(folds.skipped),
+            **_affine_counts(folds),
             "layers_quantized": sum(len(w["layers"]) for w in e.weights),
             "weights_quantized": len(e.weights),
             "activations_quantized": len(e.activations),
@@ -97,6 +98,7 @@ class RewriteResult:
             "options": self.config.to_dict(),
             "counts": self.counts(),
             "batch_norms_folded": [f.to_dict() for f in p.folds.folded],
+            **_affine_lists(p.folds),
             "weights": e.weights,
             "activations": e.activations,
             "propagated_inputs": e.propagated,
@@ -108,7 +110,7 @@ class RewriteResult:
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-            "changed": bool(p.folds.folded or e.weights or e.activations or e.propagated or e.biases
+            "changed": bool(p.folds.folded or _affine_counts(p.folds)["affine_folded"] or e.weights or e.activations or e.propagated or e.biases
                             or e.recurrent or p.opset_in != opset_out),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -177,6 +179,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"  opset                  {s['opset']['input']} -> {s['opset']['output']}")
     folded = c["batch_norms_folded"]
     lines.append(f"  batch norms folded     {folded} of {folded + c['batch_norms_not_folded']}")
+    lines.extend(_affine_lines(c))
     mode = "per-channel" if o["per_channel"] else "per-tensor"
     sym = ", symmetric" if o["symmetric"] else ""
     lines.append(
@@ -209,6 +212,27 @@ def format_summary(s: dict) -> str:
         lines.append(f"  ops in float           {wrapped[0]}")
         lines.extend(f"{'':25}{more}" for more in wrapped[1:])
     return "\n".join(lines + _tail_lines(s))
+
+
+def _affine_counts(folds) -> dict:
+    affine = folds.affine if folds is not None else None
+    return {"affine_folded": len(affine.folded) if affine else 0,
+            "affine_not_folded": len(affine.skipped) if affine else 0}
+
+
+def _affine_lists(folds) -> dict:
+    affine = folds.affine if folds is not None else None
+    return {"affine_folded": [f.to_dict() for f in affine.folded] if affine else [],
+            "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else []}
+
+
+def _affine_lines(c: dict) -> list[str]:
+    """The constant Mul/Add after a layer folded into it (fold_affine): shown when there were any."""
+    folded, skipped = c.get("affine_folded", 0), c.get("affine_not_folded", 0)
+    if not folded and not skipped:
+        return []
+    return [f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
+            "into its weight and bias)"]
 
 
 def _ranges_source(s: dict) -> str:
@@ -314,13 +338,16 @@ class TrainResult:
         contract = self.contract
         if self.encoded is None:
             left, weights, acts, folds = [], [], [], []
+            affine = _affine_counts(None)
         else:
+            affine = _affine_counts(self.prepared.eval_folds)
             left = [x for x in self.encoded.left_in_float if not x["reason"].endswith("(fused at inference)")]
             folds = self.encoded.folds
             weights, acts = self.encoded.encoding.weights, self.encoded.encoding.activations
         return {
             "batch_norms_folded": len(folds),
             "batch_norms_not_folded": sum(1 for x in left if x["op"] == "BatchNormalization"),
+            **affine,
             "layers_quantized": sum(len(w["layers"]) for w in weights),
             "weights_quantized": len(weights),
             "activations_quantized": len(acts),
@@ -346,6 +373,7 @@ class TrainResult:
             "batch_norms_folded": [] if e is None else [
                 {"batch_norm": f.batch_norm, "layer": f.layer.name, "op": f.layer.op_type, "state": f.state}
                 for f in e.folds],
+            **_affine_lists(self.prepared.eval_folds if e is not None else None),
             "weights": [] if e is None else e.encoding.weights,
             "activations": [] if e is None else e.encoding.activations,
             "left_in_float": [] if e is None else [x for x in e.left_in_float
@@ -378,6 +406,7 @@ def format_train_summary(s: dict) -> str:
     freeze = o["freeze_bn_delay"]
     lines.append(f"  batch norms folded     {c['batch_norms_folded']} of {total_bn}  (training fold, "
                  + (f"frozen from step {freeze})" if freeze is not None else "never frozen)"))
+    lines.extend(_affine_lines(c))
     mode = "per-channel" if o["per_channel"] else "per-tensor"
     sym = ", symmetric" if o["symmetric"] else ""
     lines.append(f"  layers quantized       {c['layers_quantized']}  ({c['weights_quantized']} weight tensor(s), "

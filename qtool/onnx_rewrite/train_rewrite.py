@@ -3,7 +3,8 @@
 Steps: stop on a graph that already has training state (qtool's: its
 contract is returned, nothing to do; another tool's: an error) -> raise the
 opset to 13 when lower (the ``qtool::FakeQuant`` body needs it) -> name
-unnamed nodes -> **plan on the eval fold**: a copy of the model gets the eval
+unnamed nodes -> fold a constant Mul/Add after a layer into it (``fold_affine``, as the eval
+rewrite: the training graph trains the folded weight) -> **plan on the eval fold**: a copy of the model gets the eval
 fold and the placement rules (the same code and the same plan as
 ``rewrite_eval``), and is what calibration runs on -> fold batch norms for
 training (``fold_batch_norms_train``) -> encode the plan with ``train_graph``
@@ -35,6 +36,7 @@ from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
 from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
+from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
@@ -118,6 +120,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     check_exclude(graph, config.exclude, config.scope)
     constants_to_initializers(graph)
     names = NameScope(graph)
+    affine = fold_affine(graph, names, exclude=config.exclude)  # as the eval graph: the folded weight trains
     split_hard_swish(graph, config, names)  # as the eval graph: the gate trains on its deployed grid
     matches, reasons = find_train_folds(graph, names, config.exclude)
     fold_names = {m.nodes["bn"].name for m in matches}
@@ -125,6 +128,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     planned = model.clone()
     eval_folds = fold_batch_norms(planned.graph, NameScope(planned.graph),
                                   exclude=config.exclude | (all_bns - fold_names))
+    eval_folds.affine = affine
     bn_outputs = {n.name: n.outputs[0].name for n in graph if n.name in fold_names}
     aliases: dict[str, str] = {}
     planned_nodes = {n.name: n for n in planned.graph}

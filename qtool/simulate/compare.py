@@ -17,6 +17,7 @@ import onnx_ir as ir
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
 from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
 from qtool.simulate import graph as g
 from qtool.simulate.result import (
@@ -235,16 +236,21 @@ class FloatReference:
         self._folded: dict[frozenset, ir.Graph | None] = {}
 
     def folded(self, q_graph: ir.Graph) -> ir.Graph | None:
-        """The float graph with the batch norms folded that ``q_graph`` folded (None when it cannot be)."""
+        """The float graph with the constant Mul/Add (``fold_affine``) and batch norms folded that ``q_graph``
+        folded (None when it cannot be)."""
         exclude = g.kept_batch_norms(q_graph, self.model.graph)
-        if exclude not in self._folded:
+        kept = frozenset(n.name for n in q_graph if n.op_type in ("Mul", "Add"))  # a folded one is gone
+        key = (exclude, kept)
+        if key not in self._folded:
             folded = self.model.clone()
             try:
-                fold_batch_norms(folded.graph, NameScope(folded.graph), exclude=exclude)
-                self._folded[exclude] = folded.graph
+                names = NameScope(folded.graph)
+                fold_affine(folded.graph, names, exclude=kept)
+                fold_batch_norms(folded.graph, names, exclude=exclude)
+                self._folded[key] = folded.graph
             except QtoolError:
-                self._folded[exclude] = None
-        return self._folded[exclude]
+                self._folded[key] = None
+        return self._folded[key]
 
 
 def _weights(qg: g.QuantizedGraph, float_arrays: dict) -> list[WeightError]:
