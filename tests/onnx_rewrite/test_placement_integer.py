@@ -229,8 +229,8 @@ def test_gelu_mlp_and_layernorm_residual_run_in_integers(tmp_path):
 
 def test_tanh_gelu_between_matmuls_stays_float_inside(tmp_path):
     """BERT's GELU (tanh form, as torch writes it): both Linears integer, nothing inside the GELU quantized
-    (no QLinearMul/QLinearAdd chain of x*x, x*x^2, x + c*x^3 with a pair per step), the residual Add read by
-    the LayerNormalization keeps its pair (QLinearAdd)."""
+    (no QLinearMul/QLinearAdd chain of x*x, x*x^2, x + c*x^3 with a pair per step), and the residual Add read
+    by the LayerNormalization stays float too (onnxruntime fuses it with the LayerNormalization)."""
     b = Builder(opset=17, named=False)
     d = 16
     x = b.input("x", ["N", 4, d])
@@ -243,11 +243,37 @@ def test_tanh_gelu_between_matmuls_stays_float_inside(tmp_path):
     y = b.node("Add", [x, b.matmul(gelu, 32, d, bias=True)])
     y = b.node("LayerNormalization", [y, b.const(np.ones(d, np.float32)), b.const(np.zeros(d, np.float32))], axis=-1)
     y = b.matmul(y, d, d, bias=True)
-    ops, result = check_integer(b.proto([y]), {"x": x_data(8, 4, d)}, tmp_path, expect=["QLinearAdd"])
-    assert ops["QLinearMul"] == 0 and ops["QLinearAdd"] == 1, ops
+    ops, result = check_integer(b.proto([y]), {"x": x_data(8, 4, d)}, tmp_path, expect=["SkipLayerNormalization"])
+    assert ops["QLinearMul"] == 0 and ops["QLinearAdd"] == 0, ops
     quantized = {a["tensor"] for a in result.summary["activations"]}
     assert not quantized & {h, cube, inner, tanh}
     assert gelu in quantized  # the second Linear's input
+
+
+def test_residual_stream_before_layernorm_stays_float(tmp_path):
+    """Two pre-norm blocks ``y = x + Linear(LayerNorm(x))``: every Linear integer (MatMulIntegerToFloat), the
+    residual stream float (no Q -> QLinearAdd -> DQ before each LayerNormalization: a float Add between
+    MatMulIntegerToFloat's float output and the float LayerNormalization), dropped from its float end back
+    through the chain of residual Adds."""
+    b = Builder(opset=17, named=False)
+    d = 16
+    x = b.input("x", ["N", 4, d])
+    h = b.matmul(x, d, d, bias=True)
+
+    def norm(v):
+        return b.node("LayerNormalization", [v, b.const(np.ones(d, np.float32)), b.const(np.zeros(d, np.float32))],
+                      axis=-1)
+
+    y1 = b.node("Add", [h, b.matmul(norm(h), d, d, bias=True)])
+    y2 = b.node("Add", [y1, b.matmul(norm(y1), d, d, bias=True)])
+    y = b.matmul(norm(y2), d, d, bias=True)
+    feeds = {"x": x_data(8, 4, d)}
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["MatMulIntegerToFloat"])
+    assert ops["QLinearAdd"] == 0 and ops["MatMulIntegerToFloat"] == 4, ops
+    quantized = {a["tensor"] for a in result.summary["activations"]}
+    assert not quantized & {y1, y2}
+    train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
+    assert {a["tensor"] for a in train.summary["activations"]} == quantized  # the training graph: the same tensors
 
 
 def test_what_stays_float_is_reported_with_its_reason(tmp_path):

@@ -388,8 +388,10 @@ class UnreadQuantizers(PlacementRule):
       ``x + c x^3``, Tanh, read by Mul/Add with constants) would otherwise run as QLinearMul/QLinearAdd
       chains with a pair per step; without them onnxruntime fuses the GELU in float between
       MatMulIntegerToFloat and the next layer's pair (BERT at sequence 128: 0.49x float against
-      0.53x, 48 Q/DQ left against 76; FINDINGS.md section 6). A tensor that a LayerNormalization
-      reads keeps its pair (QLinearAdd before a float LayerNormalization, FINDINGS.md section 2);
+      0.53x, 48 Q/DQ left against 76; FINDINGS.md section 6). So does a transformer's residual stream
+      (``x + attn(x)`` read by a LayerNormalization and the next residual Add): a float Add between
+      MatMulIntegerToFloat's float output and the float LayerNormalization instead of Q -> QLinearAdd
+      -> DQ (OCR recognizer, BERT, ViT: 2-3 % faster, FINDINGS.md section 9);
     - a Concat output that only float ops read, with the input pairs that only this Concat needed; its
       other inputs get their own ranges back (the union is for QLinearConcat). A ViT's
       ``Concat(Expand(cls), patches)`` feeds ``Add(pos)`` and a LayerNormalization: on the union's
@@ -417,9 +419,6 @@ class UnreadQuantizers(PlacementRule):
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):
             return "an integer op reads it"
-        if _float_read_computation(ctx, point.value) and any(
-                r.domain == "" and r.op_type == "LayerNormalization" for r in readers):
-            return "a LayerNormalization reads it"
         return None
 
     def apply(self, ctx, point):
