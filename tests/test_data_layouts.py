@@ -93,3 +93,33 @@ def test_data_in_the_wrong_layout_is_one_clear_error(vad, tmp_path):
             qtool.rewrite_eval(path, tmp_path / "o.onnx", calibration_data={**data, name: array})
     with pytest.raises(QtoolError, match="no input with a batch axis"):
         load_calibration_data({"sr": data["sr"]}, [s for s in input_specs(load_model(path).model) if s.name == "sr"])
+
+
+@pytest.fixture(scope="module")
+def sequence_vad(tmp_path_factory):
+    """A model run on a whole sequence (silero-vad's 16k_sequence export): x [sequence, 8] -> MatMul ->
+    + h [1, 1, 4] (a static initial state, no batch axis) -> y [sequence, 1, 4]."""
+    w = nh.from_array(RNG.normal(0, 0.5, (8, 4)).astype(np.float32), "W")
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("Unsqueeze", ["a", "one"], ["a3"]),
+             h.make_node("Add", ["a3", "h"], ["y"])]
+    graph = h.make_graph(nodes, "seq", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["sequence", 8]),
+                                        h.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, 4])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["sequence", 1, 4])],
+                         [w, nh.from_array(np.array([1], np.int64), "one")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path_factory.mktemp("seq") / "seq.onnx"
+    onnx.save(model, str(path))
+    return path, {"x": RNG.normal(0, 1, (20, 8)).astype(np.float32), "h": RNG.normal(0, 1, (1, 1, 4)).astype(np.float32)}
+
+
+def test_a_static_input_beside_batched_ones_is_fed_whole(sequence_vad, tmp_path):
+    path, data = sequence_vad
+    specs = {s.name: s for s in input_specs(load_model(path).model)}
+    assert (specs["x"].batch_axis, specs["h"].batch_axis) == (0, None)
+    batches = list(load_calibration_data(data, list(specs.values())).batches(8))
+    assert [b["x"].shape[0] for b in batches] == [8, 8, 4] and all(b["h"].shape == (1, 1, 4) for b in batches)
+    qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)
+    with pytest.raises(QtoolError, match=r"takes \[1, 1, 4\] with no batch axis \(fed whole with every batch\), "
+                                         r"got shape \[20, 1, 1, 4\]"):
+        qtool.rewrite_eval(path, tmp_path / "o.onnx", calibration_data={**data, "h": np.zeros((20, 1, 1, 4), np.float32)})
