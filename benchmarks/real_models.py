@@ -232,7 +232,7 @@ def silero(root: Path, export: str) -> Case:
 
 
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls, **{f"silero_{e}": (lambda root, e=e: silero(root, e))
-                                                      for e in ("16k_op15", "half", "16k_sequence", "op18_ifless")}}
+                                                      for e in ("16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")}}
 
 
 def measure(case: Case, rounds: int) -> dict:

@@ -246,3 +246,21 @@ def test_float_rnn_on_the_command_line(tmp_path):
     for path in (out, deployed):
         ops = [n.op_type for n in onnx.load(path).graph.node]
         assert ops.count("LSTM") == 2 and "DynamicQuantizeLSTM" not in ops
+
+
+def test_lstm_weights_unsqueezed_from_constants():
+    """spox (silero-vad's OpenVINO export) writes W and R as Unsqueeze of a 2-D Constant: still constants, so
+    the LSTM deploys as DynamicQuantizeLSTM, and the training graph quantizes the same weights."""
+    model = tagger()
+    graph = model.graph
+    for name in ("W1", "R1"):
+        array = next(numpy_helper.to_array(t) for t in graph.initializer if t.name == name)
+        graph.initializer.remove(next(t for t in graph.initializer if t.name == name))
+        graph.node.insert(0, helper.make_node("Unsqueeze", [f"{name}_2d", "axis0"], [name]))
+        graph.node.insert(0, helper.make_node("Constant", [], [f"{name}_2d"], value=numpy_helper.from_array(array[0])))
+    graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "axis0"))
+    quantized, result = deploy(model=model)
+    assert len(dynamic_nodes(quantized)) == 2 and result.summary["counts"]["lstms_dynamic"] == 2
+    np.testing.assert_array_equal(run(quantized, feeds(4, seed=2))[0], run(deploy()[0], feeds(4, seed=2))[0])
+    train = qtool.rewrite_train(model, calibration_data=feeds(16, seed=1)).contract
+    assert len([q for q in train["weight_quantizers"] if q["op"] == "LSTM"]) == 4

@@ -510,7 +510,10 @@ DYNAMIC_LSTM_MAX_BITS = 8  # its weights are int8/uint8
 def _weight_rank(value: ir.Value) -> int | None:
     if value.const_value is not None:
         return len(value.const_value.shape)
-    return len(value.shape) if value.shape is not None else None
+    if value.shape is not None:
+        return len(value.shape)
+    array = constant_array(value)  # computed through its chain (an Unsqueeze of a Constant has no shape info)
+    return None if array is None else array.ndim
 
 
 class RecurrentLayers(PlacementRule):
