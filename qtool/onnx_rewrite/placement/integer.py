@@ -300,8 +300,8 @@ class IntegerOps(PlacementRule):
     @staticmethod
     def _concat(ctx, node):
         inputs = _variable_inputs(ctx, node)
-        if not inputs or _feeds_softmax(ctx, node.outputs[0]):
-            return
+        if not any(ctx.varies(x) for x in inputs) or _feeds_softmax(ctx, node.outputs[0]):
+            return  # a Concat of constants computed at run time (spox's LSTM weights) is folded, not data
         group = id(node)
         ctx_name = context_of(node.name or "Concat")
         members = []
