@@ -82,18 +82,27 @@ def _files(n: int, seed: int) -> list[str]:
 
 
 def _top1(x: dict) -> Callable:
+    def run(sess):
+        starts = range(0, len(next(iter(x.values()))), 32)
+        return np.concatenate([sess.run(None, {k: v[i:i + 32] for k, v in x.items()})[0] for i in starts])
+
     def agree(ref, sess):
-        chunks = range(0, len(next(iter(x.values()))), 32)
-        run = lambda s: np.concatenate([s.run(None, {k: v[i:i + 32] for k, v in x.items()})[0] for i in chunks])  # noqa: E731
         same = float(np.mean(run(ref).argmax(-1) == run(sess).argmax(-1)))
         return f"top-1 {same:.1%}", same
     return agree
 
 
+def _model(root: Path, relative: str) -> Path:
+    path = root / relative
+    if not path.exists():
+        sys.exit(f"real_models.py: no {path} (see the instructions at the top of this script)")
+    return path
+
+
 def magika(root: Path) -> Case:
     tokens = np.stack([_magika_tokens(f) for f in _files(64 + 256, 0)])
     calib = {"bytes": tokens[:64]}
-    return Case("magika", root / "magika/models/standard_v3_3/model.onnx", calib, calib,
+    return Case("magika", _model(root, "magika/models/standard_v3_3/model.onnx"), calib, calib,
                 {"bytes": tokens[64:65]}, _top1({"bytes": tokens[64:]}))
 
 
@@ -125,12 +134,13 @@ def ppocr_cls(root: Path) -> Case:
         truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
         return f"{text} (float right on {truth:.0%})", same
 
-    return Case("ppocr_cls", root / "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    return Case("ppocr_cls", _model(root, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
                 {"x": calib}, {"x": calib}, {"x": x[:1]}, agree)
 
 
 # --- Silero VAD --------------------------------------------------------------------------------------
-VOWELS = [(730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410), (660, 1720, 2410)]
+VOWELS = [(730, 1090, 2440), (270, 2290, 3010), (300, 870, 2240), (530, 1840, 2480), (570, 840, 2410),
+          (660, 1720, 2410)]  # formants F1-F3 of a, i, u, e, o, ae
 
 
 def _resonator(x: np.ndarray, f: float, bw: float) -> np.ndarray:
@@ -183,7 +193,8 @@ def _stream(sess, chunks: np.ndarray, sequence: bool) -> tuple[np.ndarray, np.nd
             state = np.concatenate([h, c])
         else:
             before.append(state[:, 0])
-            p, state = sess.run(None, _inputs_of(sess, {"input": chunks[i:i + 1], "state": state, "sr": np.array(SR, np.int64)}))
+            feed = {"input": chunks[i:i + 1], "state": state, "sr": np.array(SR, np.int64)}
+            p, state = sess.run(None, _inputs_of(sess, feed))
         probs.append(p.ravel())
     return np.concatenate(probs), np.stack(before) if before else None
 
@@ -202,6 +213,8 @@ def silero(root: Path, export: str) -> Case:
     import onnxruntime as ort
 
     sequence = export == "16k_sequence"
+    path = _model(root, f"silero_vad/data/silero_vad_{export}.onnx")
+    model = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     reference = ort.InferenceSession(str(root / "silero_vad/data/silero_vad.onnx"), providers=["CPUExecutionProvider"])
     chunks, held_out = _audio_chunks(20, 0), _audio_chunks(20, 1)
     _, states = _stream(reference, chunks, sequence=False)
@@ -209,19 +222,14 @@ def silero(root: Path, export: str) -> Case:
     if sequence:  # one call over the whole calibration sequence; its h, c are fed whole
         zero = np.zeros((1, 1, 128), np.float32)
         calib = {"input": chunks[:64], "h": zero, "c": zero}
-        ort_calib = _Feeds([{"input": chunks[:64], "h": zero, "c": zero}])
+        ort_calib = _Feeds([calib])
         timing = {"input": held_out[:32], "h": zero, "c": zero}
-    else:
-        calib = {"input": chunks[pick], "state": states[pick], "sr": np.array(SR, np.int64)}
-        ort_calib = _Feeds([{"input": chunks[i:i + 1], "state": states[i][:, None], "sr": np.array(SR, np.int64)}
+    else:  # the half-precision export has no sr
+        sr = np.array(SR, np.int64)
+        calib = _inputs_of(model, {"input": chunks[pick], "state": states[pick], "sr": sr})
+        ort_calib = _Feeds([_inputs_of(model, {"input": chunks[i:i + 1], "state": states[i][:, None], "sr": sr})
                             for i in pick])
-        timing = {"input": held_out[:1], "state": states[:1].transpose(1, 0, 2), "sr": np.array(SR, np.int64)}
-    path = root / f"silero_vad/data/silero_vad_{export}.onnx"
-    if path.exists():
-        model = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        calib, timing = _inputs_of(model, calib), _inputs_of(model, timing)
-        if not sequence:
-            ort_calib = _Feeds([_inputs_of(model, f) for f in ort_calib._feeds])
+        timing = _inputs_of(model, {"input": held_out[:1], "state": states[:1].transpose(1, 0, 2), "sr": sr})
 
     def agree(ref, sess):
         p, q = _stream(ref, held_out, sequence)[0], _stream(sess, held_out, sequence)[0]
@@ -231,8 +239,9 @@ def silero(root: Path, export: str) -> Case:
     return Case(f"silero {export}", path, calib, ort_calib, timing, agree)
 
 
-CASES = {"magika": magika, "ppocr_cls": ppocr_cls, **{f"silero_{e}": (lambda root, e=e: silero(root, e))
-                                                      for e in ("16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")}}
+SILERO_EXPORTS = ("16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
+CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
+         **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS}}
 
 
 def measure(case: Case, rounds: int) -> dict:
@@ -282,10 +291,7 @@ def main() -> None:
     print("| model | float ms | qtool x float | qtool agreement | ort x float | ort agreement |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        case = CASES[name](args.wheels)
-        if not case.path.exists():
-            sys.exit(f"real_models.py: no {case.path} (see the instructions at the top of this script)")
-        row = measure(case, args.rounds)
+        row = measure(CASES[name](args.wheels), args.rounds)
         (qx, qa), (ox, oa) = _cell(row, "qtool"), _cell(row, "ort")
         print(f"| {row['model']} | {row['float_ms']:.2f} | {qx} | {qa} | {ox} | {oa} |", flush=True)
         for note in row["notes"]:

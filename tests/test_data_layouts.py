@@ -114,7 +114,8 @@ def sequence_vad(tmp_path_factory):
     model.ir_version = 8
     path = tmp_path_factory.mktemp("seq") / "seq.onnx"
     onnx.save(model, str(path))
-    return path, {"x": RNG.normal(0, 1, (20, 8)).astype(np.float32), "h": RNG.normal(0, 1, (1, 1, 4)).astype(np.float32)}
+    return path, {"x": RNG.normal(0, 1, (20, 8)).astype(np.float32),
+                  "h": RNG.normal(0, 1, (1, 1, 4)).astype(np.float32)}
 
 
 def test_a_static_input_beside_batched_ones_is_fed_whole(sequence_vad, tmp_path):
@@ -126,7 +127,8 @@ def test_a_static_input_beside_batched_ones_is_fed_whole(sequence_vad, tmp_path)
     qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)
     with pytest.raises(QtoolError, match=r"takes \[1, 1, 4\] with no batch axis \(fed whole with every batch\), "
                                          r"got shape \[20, 1, 1, 4\]"):
-        qtool.rewrite_eval(path, tmp_path / "o.onnx", calibration_data={**data, "h": np.zeros((20, 1, 1, 4), np.float32)})
+        qtool.rewrite_eval(path, tmp_path / "o.onnx",
+                           calibration_data={**data, "h": np.zeros((20, 1, 1, 4), np.float32)})
 
 
 def test_a_model_exported_for_batch_1_takes_its_state_samples_first(vad, tmp_path):
