@@ -366,6 +366,9 @@ class PlanContext:
 _SUBGRAPH_LAYER_OPS = (*LAYER_OPS, "LSTM", "GRU", "RNN")
 
 
+IN_SUBGRAPH = "qtool does not rewrite subgraphs"
+
+
 def _layers_in_subgraphs(graph: ir.Graph) -> list[LeftInFloat]:
     """The layer ops inside If/Loop/Scan bodies (at any depth): they run in float, said so by name."""
     left = []
@@ -377,7 +380,7 @@ def _layers_in_subgraphs(graph: ir.Graph) -> list[LeftInFloat]:
                 bodies = list(attr.as_graphs())
             else:
                 continue
-            where = f"inside {node.op_type} '{node.name or '(unnamed)'}' ({attr.name}): qtool does not rewrite subgraphs"
+            where = f"inside {node.op_type} '{node.name or '(unnamed)'}' ({attr.name}): {IN_SUBGRAPH}"
             for body in bodies:
                 left += [LeftInFloat(n.name, n.op_type, where)
                          for n in body if n.domain == "" and n.op_type in _SUBGRAPH_LAYER_OPS]
