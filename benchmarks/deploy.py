@@ -119,8 +119,9 @@ class _Reader:
         return next(self._batches, None)
 
 
-def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -> str:
-    """onnxruntime's static QDQ quantization; returns how the model was pre-processed."""
+def quantize_ort(model: str, out: str, calib, tmp: str) -> str:
+    """onnxruntime's static QDQ quantization over ``calib`` (a dict of samples-first arrays, cut into batches
+    of 16, or any ``CalibrationDataReader``); returns how the model was pre-processed."""
     import logging
 
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -142,7 +143,8 @@ def quantize_ort(model: str, out: str, calib: dict[str, np.ndarray], tmp: str) -
                 how = "quant_pre_process(skip_symbolic_shape=True)"
             except Exception:
                 pre, how = model, "no pre-processing (quant_pre_process failed)"
-    quantize_static(pre, out, _Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
+    reader = calib if hasattr(calib, "get_next") else _Reader(calib)
+    quantize_static(pre, out, reader, quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
     return how

@@ -7,9 +7,12 @@ ignored (an evaluation file with ``labels`` works), and reported.
 
 Inputs whose batch axis is not the first (a recurrent state ``[2, batch,
 128]``: the model's batch symbol, the one the other inputs have first, at
-another axis) are still stored samples first and moved to their axis when
-fed. Inputs with no batch axis (a scalar such as a sample rate) take one
-array of the model's shape, fed whole with every batch.
+another axis; in a model exported with static shapes, ``[2, 1, 128]`` beside
+``[1, 576]``: the first input's batch size) are still stored samples first
+and moved to their axis when fed. Inputs with no batch axis (a scalar such as a sample rate, or a tensor of
+static shape beside inputs with a batch symbol: the initial state ``[1, 1,
+128]`` of a model run on a whole sequence ``[sequence, 576]``) take one array
+of the model's shape, fed whole with every batch.
 
 Files are read lazily: only the header (dtype, shape) of the arrays the
 model needs is read up front, arrays it does not need are never read, and
@@ -87,18 +90,26 @@ def input_specs(model) -> list[InputSpec]:
 
 
 def _batch_axes(shapes: list[tuple | None]) -> list[int | None]:
-    """Each input's samples axis: the first, unless the first is static and the batch symbol (the
-    name most inputs have first) is at another axis; None for a scalar input (no samples axis)."""
+    """Each input's samples axis: the first, unless the first is static and the batch (the symbol most
+    inputs have first; in a model of static shapes, the first input's first dimension) is at another
+    axis; None for an input with no samples axis: a scalar, or a static shape without the batch when
+    other inputs have it (no number of samples fits it but one)."""
     firsts = Counter(s[0] for s in shapes if s and isinstance(s[0], str) and s[0])
     batch = firsts.most_common(1)[0][0] if firsts else None
+    if batch is None:  # no input has a symbolic first dimension (an export for batch 1): a size
+        batch = next((s[0] for s in shapes if s and isinstance(s[0], int) and s[0] > 0), None)
     axes = []
     for shape in shapes:
         if shape is None:
             axes.append(0)
         elif not shape:
             axes.append(None)
-        elif isinstance(shape[0], int) and shape[0] > 0 and batch is not None and batch in shape:
+        elif batch is None or shape[0] == batch or not (isinstance(shape[0], int) and shape[0] > 0):
+            axes.append(0)
+        elif batch in shape:
             axes.append(shape.index(batch))
+        elif all(isinstance(d, int) and d > 0 for d in shape):
+            axes.append(None)
         else:
             axes.append(0)
     return axes

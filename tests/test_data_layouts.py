@@ -19,8 +19,7 @@ from qtool.simulate.config import SimulateConfig
 RNG = np.random.default_rng(5)
 
 
-@pytest.fixture(scope="module")
-def vad(tmp_path_factory):
+def _vad_model(path, batch="batch"):
     """x [batch, 8] -> MatMul -> + ReduceSum(state [2, batch, 4], axis 0) -> * Cast(sr []) / 16000 -> y [batch, 4];
     stateN = state * 2 [2, batch, 4]."""
     w = nh.from_array(RNG.normal(0, 0.5, (8, 4)).astype(np.float32), "W")
@@ -31,15 +30,20 @@ def vad(tmp_path_factory):
              h.make_node("Add", ["a", "s"], ["t"]), h.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
              h.make_node("Mul", ["srf", "k"], ["f"]), h.make_node("Mul", ["t", "f"], ["y"]),
              h.make_node("Mul", ["state", "two"], ["stateN"])]
-    graph = h.make_graph(nodes, "vad", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8]),
-                                        h.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 4]),
+    graph = h.make_graph(nodes, "vad", [h.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8]),
+                                        h.make_tensor_value_info("state", TensorProto.FLOAT, [2, batch, 4]),
                                         h.make_tensor_value_info("sr", TensorProto.INT64, [])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
-                          h.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 4])], [w, k, two, axes])
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4]),
+                          h.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, batch, 4])], [w, k, two, axes])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
     model.ir_version = 8
-    path = tmp_path_factory.mktemp("vad") / "vad.onnx"
     onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def vad(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vad") / "vad.onnx"
+    _vad_model(path)
     data = {"x": RNG.normal(0, 1, (20, 8)).astype(np.float32),
             "state": RNG.normal(0, 1, (20, 2, 4)).astype(np.float32),  # samples first
             "sr": np.array(16000, np.int64)}
@@ -93,3 +97,47 @@ def test_data_in_the_wrong_layout_is_one_clear_error(vad, tmp_path):
             qtool.rewrite_eval(path, tmp_path / "o.onnx", calibration_data={**data, name: array})
     with pytest.raises(QtoolError, match="no input with a batch axis"):
         load_calibration_data({"sr": data["sr"]}, [s for s in input_specs(load_model(path).model) if s.name == "sr"])
+
+
+@pytest.fixture(scope="module")
+def sequence_vad(tmp_path_factory):
+    """A model run on a whole sequence (silero-vad's 16k_sequence export): x [sequence, 8] -> MatMul ->
+    + h [1, 1, 4] (a static initial state, no batch axis) -> y [sequence, 1, 4]."""
+    w = nh.from_array(RNG.normal(0, 0.5, (8, 4)).astype(np.float32), "W")
+    nodes = [h.make_node("MatMul", ["x", "W"], ["a"]), h.make_node("Unsqueeze", ["a", "one"], ["a3"]),
+             h.make_node("Add", ["a3", "h"], ["y"])]
+    graph = h.make_graph(nodes, "seq", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["sequence", 8]),
+                                        h.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, 4])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["sequence", 1, 4])],
+                         [w, nh.from_array(np.array([1], np.int64), "one")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    model.ir_version = 8
+    path = tmp_path_factory.mktemp("seq") / "seq.onnx"
+    onnx.save(model, str(path))
+    return path, {"x": RNG.normal(0, 1, (20, 8)).astype(np.float32),
+                  "h": RNG.normal(0, 1, (1, 1, 4)).astype(np.float32)}
+
+
+def test_a_static_input_beside_batched_ones_is_fed_whole(sequence_vad, tmp_path):
+    path, data = sequence_vad
+    specs = {s.name: s for s in input_specs(load_model(path).model)}
+    assert (specs["x"].batch_axis, specs["h"].batch_axis) == (0, None)
+    batches = list(load_calibration_data(data, list(specs.values())).batches(8))
+    assert [b["x"].shape[0] for b in batches] == [8, 8, 4] and all(b["h"].shape == (1, 1, 4) for b in batches)
+    qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)
+    with pytest.raises(QtoolError, match=r"takes \[1, 1, 4\] with no batch axis \(fed whole with every batch\), "
+                                         r"got shape \[20, 1, 1, 4\]"):
+        qtool.rewrite_eval(path, tmp_path / "o.onnx",
+                           calibration_data={**data, "h": np.zeros((20, 1, 1, 4), np.float32)})
+
+
+def test_a_model_exported_for_batch_1_takes_its_state_samples_first(vad, tmp_path):
+    """silero-vad's OpenVINO export: input [1, 576], state [2, 1, 128], every shape static."""
+    _, data = vad
+    path = tmp_path / "static.onnx"
+    _vad_model(path, batch=1)
+    specs = {s.name: s for s in input_specs(load_model(path).model)}
+    assert (specs["x"].batch_axis, specs["state"].batch_axis, specs["sr"].batch_axis) == (0, 1, None)
+    loaded = load_calibration_data(data, list(specs.values()))
+    assert loaded.fixed_batch == 1 and next(loaded.batches(8))["state"].shape == (2, 1, 4)
+    qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)

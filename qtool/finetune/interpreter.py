@@ -206,8 +206,24 @@ def _unary(fn_np, fn_jnp):
     return impl
 
 
+@jax.custom_jvp
+def _sqrt(x):
+    """``jnp.sqrt`` whose derivative at 0 is 0, not inf: a magnitude ``Sqrt(re**2 + im**2)`` of fake-quantized
+    values is exactly 0 wherever both round to 0 (silero-vad's STFT on quiet audio), and inf times the 0 of
+    ``Pow``'s derivative made every gradient NaN (every fine-tuning step skipped). Forward unchanged."""
+    return jnp.sqrt(x)
+
+
+@_sqrt.defjvp
+def _sqrt_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = jnp.sqrt(x)
+    positive = y > 0
+    return y, jnp.where(positive, t / (2 * jnp.where(positive, y, 1)), jnp.zeros_like(t))
+
+
 for _name, _fnp, _fj in [
-    ("Neg", np.negative, jnp.negative), ("Abs", np.abs, jnp.abs), ("Sqrt", np.sqrt, jnp.sqrt),
+    ("Neg", np.negative, jnp.negative), ("Abs", np.abs, jnp.abs), ("Sqrt", np.sqrt, _sqrt),
     ("Exp", np.exp, jnp.exp), ("Log", np.log, jnp.log), ("Floor", np.floor, jnp.floor), ("Ceil", np.ceil, jnp.ceil),
     ("Round", np.round, jnp.round), ("Sign", np.sign, jnp.sign), ("Tanh", np.tanh, jnp.tanh),
     ("Sin", np.sin, jnp.sin), ("Cos", np.cos, jnp.cos), ("Not", np.logical_not, jnp.logical_not),

@@ -1,10 +1,11 @@
 """Constant tensors as real exporters write them.
 
 A weight is constant when it is an initializer, the output of a ``Constant``
-node, or an ``Identity``/``Reshape``/``Transpose``/``Cast`` of a constant
-(PyTorch writes ``Transpose`` of a ``Constant`` for ``Linear`` weights, Keras
-converters write ``Identity`` of an initializer, old exporters write
-``Reshape``). :func:`constant_source` finds the root and the chain of nodes
+node, or an ``Identity``/``Reshape``/``Transpose``/``Cast``/``Unsqueeze``/
+``Squeeze`` of a constant (PyTorch writes ``Transpose`` of a ``Constant`` for
+``Linear`` weights, Keras converters write ``Identity`` of an initializer, old
+exporters write ``Reshape``, spox writes an LSTM's ``W``/``R`` as ``Unsqueeze``
+of a ``Constant``: silero-vad's OpenVINO export). :func:`constant_source` finds the root and the chain of nodes
 without touching tensor data; :func:`constant_array` computes the value.
 
 An initializer that is also listed as a graph input (models from IR < 4
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-CONSTANT_PASS_THROUGH = ("Identity", "Reshape", "Transpose", "Cast")
+CONSTANT_PASS_THROUGH = ("Identity", "Reshape", "Transpose", "Cast", "Unsqueeze", "Squeeze")
 _MAX_DEPTH = 16
 
 
@@ -42,6 +43,14 @@ def _is_root(value: ir.Value) -> bool:
     return producer is not None and producer.op_type == "Constant" and producer.domain == ""
 
 
+def _constant_operands(node: ir.Node) -> bool:
+    """A Reshape's shape, and an Unsqueeze/Squeeze's axes when given as an input, are constants."""
+    operand = node.inputs[1] if len(node.inputs) > 1 else None
+    if node.op_type == "Reshape" or operand is not None:
+        return constant_source(operand) is not None
+    return True
+
+
 def constant_source(value: ir.Value | None) -> ConstantSource | None:
     """The constant behind ``value``, or None when it is computed at run time."""
     chain: list[ir.Node] = []
@@ -54,9 +63,8 @@ def constant_source(value: ir.Value | None) -> ConstantSource | None:
         producer = current.producer()
         if producer is None or producer.domain != "" or producer.op_type not in CONSTANT_PASS_THROUGH:
             return None
-        if producer.op_type == "Reshape":
-            if len(producer.inputs) < 2 or constant_source(producer.inputs[1]) is None:
-                return None
+        if not _constant_operands(producer):
+            return None
         chain.append(producer)
         current = producer.inputs[0] if producer.inputs else None
     return None
@@ -142,7 +150,21 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
             shape = constant_array(node.inputs[1])
             allowzero = node.attributes.get("allowzero")
             array = _reshape(array, shape, allowzero.as_int() if allowzero is not None else 0)
+        elif node.op_type == "Unsqueeze":
+            axes = _axes(node)
+            array = np.expand_dims(array, tuple(sorted(a % (array.ndim + len(axes)) for a in axes)))
+        elif node.op_type == "Squeeze":
+            axes = _axes(node)
+            array = np.squeeze(array, None if axes is None else tuple(a % array.ndim for a in axes))
     return contiguous(array)
+
+
+def _axes(node: ir.Node) -> list[int] | None:
+    """The ``axes`` of an Unsqueeze/Squeeze: an attribute up to opset 12, an input from 13."""
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        return [int(a) for a in constant_array(node.inputs[1]).reshape(-1)]
+    attr = node.attributes.get("axes")
+    return list(attr.as_ints()) if attr is not None else None
 
 
 def constant_dtype(value: ir.Value) -> ir.DataType | None:

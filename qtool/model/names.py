@@ -2,7 +2,8 @@
 
 Exporters often leave nodes unnamed. qtool names them ``<OpType>_<k>``
 (``k`` counts nodes of that op type in graph order), so the report and
-``--exclude`` can refer to them and a rerun gives the same names. Inserted
+``--exclude`` can refer to them and a rerun gives the same names; a name
+repeated by later nodes stays on the first, the others become ``<name>_<k>``. Inserted
 nodes and tensors are named after where they came from, TensorFlow style:
 ``<context>/weights_quant/DequantizeLinear`` where the context is the layer
 node's name without its last ``/`` component (``/conv1/Conv`` -> ``/conv1``),
@@ -18,20 +19,27 @@ import onnx_ir as ir
 
 
 def name_unnamed_nodes(graph: ir.Graph) -> int:
-    """Give every unnamed top-level node a stable name; returns how many were named."""
+    """Give every unnamed top-level node a stable name, and a node whose name an earlier node already
+    has ``<name>_<k>`` (ONNX wants node names unique; onnx.checker and onnxruntime accept repeats, and
+    exporters write them: spox names many ``Constant`` nodes ``F0::anon``); returns how many were named."""
     used = {node.name for node in graph.all_nodes() if node.name}
-    counters: Counter[str] = Counter()
+    seen: set[str] = set()
+    unnamed: Counter[str] = Counter()
+    repeated: Counter[str] = Counter()
     named = 0
     for node in graph:
-        if node.name:
+        if node.name and node.name not in seen:
+            seen.add(node.name)
             continue
+        base, counters, first = (node.name, repeated, 1) if node.name else (node.op_type, unnamed, 0)
         while True:
-            candidate = f"{node.op_type}_{counters[node.op_type]}"
-            counters[node.op_type] += 1
+            candidate = f"{base}_{counters[base] + first}"
+            counters[base] += 1
             if candidate not in used:
                 break
         node.name = candidate
         used.add(candidate)
+        seen.add(candidate)
         named += 1
     return named
 

@@ -4,7 +4,9 @@ Two stages, both called by :func:`qtool.model.io.load_model` (and for an
 ``onnx.ModelProto`` given to the API):
 
 - :func:`check_proto` on the parsed protobuf, before it becomes IR: names are
-  unique (initializers, nodes, values: ONNX's namespaces), every attribute
+  unique (initializers, graph inputs, values: ONNX's namespaces; repeated node
+  names, which only label nodes, are made unique by
+  :func:`qtool.model.names.name_unnamed_nodes`), every attribute
   has a type, the graph has no cycle. Sparse initializers (valid ONNX, which
   the IR does not carry) become dense ones (:func:`densify_sparse`).
 - on the IR: a graph that is acyclic but not in topological order is
@@ -144,7 +146,6 @@ def _check_graph_proto(graph: onnx.GraphProto, label: str, where: str, outer: se
     for tensor in list(graph.initializer) + [s.values for s in graph.sparse_initializer]:
         _check_tensor_type(tensor, f"initializer '{tensor.name}'", label)
     duplicate([v.name for v in graph.input], "graph input")
-    duplicate([n.name for n in graph.node], "node name")
     # values: each is defined once (a graph input that is also an initializer is IR < 4 style and fine)
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {s.values.name for s in graph.sparse_initializer}

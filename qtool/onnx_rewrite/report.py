@@ -16,6 +16,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig, TrainSchedule
 from qtool.onnx_rewrite.eval_graph import EvalEncoding
 from qtool.onnx_rewrite.eval_rewrite import EvalGraph
+from qtool.onnx_rewrite.placement.plan import IN_SUBGRAPH
 from qtool.onnx_rewrite.train_rewrite import TrainEncoded, TrainGraph
 
 
@@ -162,6 +163,10 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)
     plan = prepared.plan
+    inside = [x for x in plan.left_in_float if x.reason.endswith(IN_SUBGRAPH)]
+    if inside and not plan.weights and not plan.recurrent:  # silero-vad's: all its work in one If on sr
+        warnings.append(f"no layer quantized: all {len(inside)} layer op(s) are inside If/Loop/Scan bodies, which "
+                        "qtool does not rewrite; the output computes the float model")
     if plan.is_empty() and any(p.exists for p in plan.weights + plan.activations) and not prepared.folds.folded:
         notes.append("the model is already quantized: nothing to do")
         asked = {k: v for k, v in prepared.config.to_dict().items() if v != QuantConfig().to_dict()[k]}

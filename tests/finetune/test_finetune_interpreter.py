@@ -241,6 +241,21 @@ def test_positive_unary_and_binary():
     _check("Clip", {"x": a}, attrs={"min": -0.5, "max": 0.7}, opset=6)
 
 
+def test_magnitude_gradient_is_finite_where_both_parts_are_zero():
+    """Sqrt(re**2 + im**2) (silero-vad's STFT): where both parts are exactly 0, as fake-quantized quiet audio
+    gives, the gradient is 0 instead of inf * 0 = NaN; elsewhere d sqrt(x) = 1 / (2 sqrt(x))."""
+    nodes = [helper.make_node("Mul", ["re", "re"], ["r2"]), helper.make_node("Mul", ["im", "im"], ["i2"]),
+             helper.make_node("Add", ["r2", "i2"], ["s"]), helper.make_node("Sqrt", ["s"], ["y"])]
+    vec = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [3])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [vec("re"), vec("im")], [vec("y")]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    run = Interpreter(model).run
+    re, im = jnp.asarray([0.0, 3.0, 0.0], jnp.float32), jnp.asarray([0.0, 4.0, 2.0], jnp.float32)
+    grad = jax.grad(lambda r: jnp.sum(run({"re": r, "im": im})["y"]))(re)
+    np.testing.assert_allclose(np.asarray(grad), [0.0, 0.6, 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(run({"re": re, "im": im})["y"]), [0.0, 5.0, 2.0])
+
+
 def test_logic():
     a, b = np.round(_r(3, 4)), np.round(_r(3, 4))
     for op_type in ("Equal", "Greater", "GreaterOrEqual", "Less"):

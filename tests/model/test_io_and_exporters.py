@@ -165,6 +165,24 @@ def test_constants_through_identity_reshape_transpose_cast():
     assert "graph input" in not_constant_reason(x_value)
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_constants_through_unsqueeze_and_squeeze(opset):
+    """spox writes an LSTM's W and R as Unsqueeze of a Constant (axes: an attribute to opset 12, an input from 13)."""
+    b = Builder(opset=opset, constants=True, named=False)
+    w = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    axes = (lambda a: {"axes": a}) if opset < 13 else (lambda a: {})
+    operand = (lambda a: []) if opset < 13 else (lambda a: [b.const(np.array(a, np.int64))])
+    sq = b.node("Squeeze", [b.const(w)] + operand([0]), **axes([0]))
+    un = b.node("Unsqueeze", [sq] + operand([-1]), **axes([-1]))  # [3, 4, 1]
+    flat = b.node("Reshape", [un, b.const(np.array([3, 4], np.int64))])
+    y = b.node("MatMul", [b.input("x", ["N", 3]), flat])
+    nodes = {n.op_type: n for n in b.ir([y]).graph}
+    weight = nodes["MatMul"].inputs[1]
+    assert [n.op_type for n in constant_source(weight).chain] == ["Squeeze", "Unsqueeze", "Reshape"]
+    np.testing.assert_array_equal(constant_array(nodes["Unsqueeze"].outputs[0]), w.reshape(3, 4, 1))
+    np.testing.assert_array_equal(constant_array(weight), w.reshape(3, 4))
+
+
 def test_constant_node_scalar_attributes():
     b = Builder()
     x = b.input("x", [None])

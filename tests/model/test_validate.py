@@ -59,10 +59,18 @@ def test_duplicate_initializer_names(tmp_path):
     refused(tmp_path, m, "initializer name 'conv1.weight' appears 2 times")
 
 
-def test_duplicate_node_names(tmp_path):
+def test_repeated_node_names_are_made_unique(tmp_path):
+    """onnx.checker and onnxruntime accept them, and exporters write them (spox: many Constant nodes
+    named 'F0::anon', silero-vad's OpenVINO export): the first keeps the name, the others get a suffix."""
     m = copy.deepcopy(BASE)
-    m.graph.node[1].name = m.graph.node[0].name
-    refused(tmp_path, m, "node name 'Conv_0' appears 2 times")
+    for node in m.graph.node[1:3]:
+        node.name = m.graph.node[0].name
+    path = save(tmp_path, m)
+    rewrite_eval(str(path), str(tmp_path / "o.onnx"), calibration_data=str(SAMPLE_CALIB))
+    rewrite_train(str(path), str(tmp_path / "t.onnx"))
+    for out in ("o.onnx", "t.onnx"):
+        names = [n.name for n in onnx.load(tmp_path / out).graph.node]
+        assert len(set(names)) == len(names) and {"Conv_0", "Conv_0_2"} <= set(names)  # Conv_0_1: a folded BN
 
 
 def test_duplicate_value_names(tmp_path):
@@ -187,8 +195,8 @@ def test_unsorted_graphs_are_sorted(tmp_path):
 
 def test_a_model_proto_given_to_the_api_is_validated_and_not_modified():
     m = copy.deepcopy(BASE)
-    m.graph.node[1].name = m.graph.node[0].name
-    with pytest.raises(QtoolError, match="node name 'Conv_0' appears 2 times"):
+    m.graph.initializer.append(copy.deepcopy(init(m, "conv1.weight")))
+    with pytest.raises(QtoolError, match="initializer name 'conv1.weight' appears 2 times"):
         rewrite_eval(m)
     good = copy.deepcopy(BASE)
     t = init(good, "fc.weight")

@@ -391,6 +391,13 @@ def test_a_layer_inside_an_if_branch_is_reported_as_float(tmp_path):
         feeds = {"x": x, "flag": np.array(flag)}
         want, got = float_session.run(None, feeds)[0], session.run(None, feeds)[0]
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert not [w for w in result.summary["warnings"] if w.startswith("no layer quantized")]
+    del proto.graph.node[0]  # the branch's Conv is now the only layer (silero-vad: all of it in one If on sr)
+    proto.graph.node[0].input[0] = "x"
+    proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 8
+    _, result = quantize(proto, {"x": rng.normal(size=(4, 8, 16, 16)).astype(np.float32), "flag": np.array(True)})
+    assert result.summary["warnings"] == ["no layer quantized: all 1 layer op(s) are inside If/Loop/Scan bodies, "
+                                          "which qtool does not rewrite; the output computes the float model"]
 
 
 def test_a_dead_depthwise_channel_keeps_the_weight_zero_points_0(tmp_path):

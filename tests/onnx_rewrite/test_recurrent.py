@@ -246,3 +246,50 @@ def test_float_rnn_on_the_command_line(tmp_path):
     for path in (out, deployed):
         ops = [n.op_type for n in onnx.load(path).graph.node]
         assert ops.count("LSTM") == 2 and "DynamicQuantizeLSTM" not in ops
+
+
+def test_lstm_weights_unsqueezed_from_constants():
+    """spox (silero-vad's OpenVINO export) writes W and R as Unsqueeze of a 2-D Constant: still constants, so
+    the LSTM deploys as DynamicQuantizeLSTM, and the training graph quantizes the same weights."""
+    model = tagger()
+    graph = model.graph
+    for name in ("W1", "R1"):
+        array = next(numpy_helper.to_array(t) for t in graph.initializer if t.name == name)
+        graph.initializer.remove(next(t for t in graph.initializer if t.name == name))
+        graph.node.insert(0, helper.make_node("Unsqueeze", [f"{name}_2d", "axis0"], [name]))
+        graph.node.insert(0, helper.make_node("Constant", [], [f"{name}_2d"], value=numpy_helper.from_array(array[0])))
+    graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "axis0"))
+    quantized, result = deploy(model=model)
+    assert len(dynamic_nodes(quantized)) == 2 and result.summary["counts"]["lstms_dynamic"] == 2
+    np.testing.assert_array_equal(run(quantized, feeds(4, seed=2))[0], run(deploy()[0], feeds(4, seed=2))[0])
+    train = qtool.rewrite_train(model, calibration_data=feeds(16, seed=1)).contract
+    assert len([q for q in train["weight_quantizers"] if q["op"] == "LSTM"]) == 4
+
+
+def test_lstm_weights_concatenated_from_constants_are_not_activations():
+    """spox also writes W as Unsqueeze(Concat(Concat(Slices), Concat(Slices))) of a 2-D Constant (the gates
+    reordered at run time): tensors computed from constants alone, which onnxruntime folds. No Concat group
+    is quantized there (it made QLinearConcat nodes onnxruntime could no longer fold, and fed the float LSTM
+    weights on an 8-bit activation grid)."""
+    model = tagger()
+    graph = model.graph
+    w1 = next(t for t in graph.initializer if t.name == "W1")
+    graph.initializer.remove(w1)
+    graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for v, n in
+                              (([0], "s0"), ([H], "s1"), ([2 * H], "s2"), ([3 * H], "s3"), ([4 * H], "s4"))])
+    c = numpy_helper.from_array(numpy_helper.to_array(w1)[0], "W1_c")
+    slices = [helper.make_node("Slice", ["W1_c", f"s{k}", f"s{k + 1}", "s0"], [f"W1_{k}"]) for k in range(4)]
+    head = [helper.make_node("Constant", [], ["W1_c"], value=c), *slices,
+                      helper.make_node("Concat", ["W1_1", "W1_0"], ["W1_a"], axis=0),
+                      helper.make_node("Concat", ["W1_3", "W1_2"], ["W1_b"], axis=0),
+                      helper.make_node("Concat", ["W1_a", "W1_b"], ["W1_2d"], axis=0),
+                      helper.make_node("Unsqueeze", ["W1_2d", "s0"], ["W1"])]
+    for node in reversed(head):
+        graph.node.insert(0, node)
+    quantized, result = deploy(model=model)
+    assert not [a for a in result.summary["activations"] if a["tensor"].startswith("W1")]
+    assert not [n for n in quantized.graph.node if n.op_type == "DequantizeLinear" and n.output[0].startswith("W1")]
+    assert [x["reason"] for x in result.summary["left_in_float"] if x["op"] == "LSTM"] == [
+        "weights not quantized: W is not a constant ('W1_2d' is computed at run time by Concat node 'Concat_2')"]
+    train = qtool.rewrite_train(model, calibration_data=feeds(16, seed=1)).contract
+    assert not [q for q in train["activation_quantizers"] if q["tensor"].startswith("W1")]

@@ -300,8 +300,8 @@ class IntegerOps(PlacementRule):
     @staticmethod
     def _concat(ctx, node):
         inputs = _variable_inputs(ctx, node)
-        if not inputs or _feeds_softmax(ctx, node.outputs[0]):
-            return
+        if not any(ctx.varies(x) for x in inputs) or _feeds_softmax(ctx, node.outputs[0]):
+            return  # a Concat of constants computed at run time (spox's LSTM weights) is folded, not data
         group = id(node)
         ctx_name = context_of(node.name or "Concat")
         members = []
@@ -509,7 +509,10 @@ DYNAMIC_LSTM_MAX_BITS = 8  # its weights are int8/uint8
 def _weight_rank(value: ir.Value) -> int | None:
     if value.const_value is not None:
         return len(value.const_value.shape)
-    return len(value.shape) if value.shape is not None else None
+    if value.shape is not None:
+        return len(value.shape)
+    array = constant_array(value)  # computed through its chain (an Unsqueeze of a Constant has no shape info)
+    return None if array is None else array.ndim
 
 
 class RecurrentLayers(PlacementRule):

@@ -253,6 +253,22 @@ class QuantPlan:
         return not self.new_weights() and not self.new_activations() and not self.recurrent
 
 
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                     "Bernoulli"}
+
+
+def _varying_values(graph: ir.Graph) -> set[int]:
+    """Ids of the values of ``graph`` (in topological order) that depend on a graph input that is not an
+    initializer, on a random op, or on a node with subgraphs (which may read anything)."""
+    varying = {id(v) for v in graph.inputs if not v.is_initializer()}
+    for node in graph:
+        if (node.op_type in _NONDETERMINISTIC or node.domain not in ("", "ai.onnx")
+                or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
+                or any(v is not None and id(v) in varying for v in node.inputs)):
+            varying.update(id(v) for v in node.outputs)
+    return varying
+
+
 class PlanContext:
     """What the placement rules share: the graph, the plan being built, and its bookkeeping."""
 
@@ -265,6 +281,7 @@ class PlanContext:
         self._left: dict[str, LeftInFloat] = {}
         self.handled: set[int] = set()  # nodes some rule looked at
         self._types: dict | None = None  # inferred element types, computed when first needed
+        self._varying: set[int] | None = None  # ids of values that depend on a graph input
 
     def left(self, node: ir.Node, reason: str) -> None:
         key = node.name or str(id(node))
@@ -288,6 +305,13 @@ class PlanContext:
                 self._types = inferred_types(self.graph)
             dtype = self._types.get(value.name)
         return dtype is None or dtype == ir.DataType.FLOAT
+
+    def varies(self, value: ir.Value) -> bool:
+        """Whether ``value`` depends on a graph input (or on a random op, or a node with subgraphs): a
+        tensor computed from constants alone is one value, which onnxruntime folds before it runs."""
+        if self._varying is None:
+            self._varying = _varying_values(self.graph)
+        return id(value) in self._varying
 
     def exists(self, value: ir.Value) -> bool:
         return self.view.quantizer_after(value) is not None
@@ -350,6 +374,9 @@ class PlanContext:
 _SUBGRAPH_LAYER_OPS = (*LAYER_OPS, "LSTM", "GRU", "RNN")
 
 
+IN_SUBGRAPH = "qtool does not rewrite subgraphs"
+
+
 def _layers_in_subgraphs(graph: ir.Graph) -> list[LeftInFloat]:
     """The layer ops inside If/Loop/Scan bodies (at any depth): they run in float, said so by name."""
     left = []
@@ -361,7 +388,7 @@ def _layers_in_subgraphs(graph: ir.Graph) -> list[LeftInFloat]:
                 bodies = list(attr.as_graphs())
             else:
                 continue
-            where = f"inside {node.op_type} '{node.name or '(unnamed)'}' ({attr.name}): qtool does not rewrite subgraphs"
+            where = f"inside {node.op_type} '{node.name or '(unnamed)'}' ({attr.name}): {IN_SUBGRAPH}"
             for body in bodies:
                 left += [LeftInFloat(n.name, n.op_type, where)
                          for n in body if n.domain == "" and n.op_type in _SUBGRAPH_LAYER_OPS]
