@@ -74,7 +74,7 @@ from qtool.model.codec import (
 )
 from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
 from qtool.model.graph import GraphView, take_over
-from qtool.model.layers import float_attr, layer_bias, layer_input, layer_weight, per_output_channel
+from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
@@ -94,6 +94,7 @@ class EvalEncoding:
     recurrent: list[dict] = field(default_factory=list)  # LSTMs written as DynamicQuantizeLSTM
     integer_gates: list[dict] = field(default_factory=list)  # HardSigmoids written as an integer Add
     scalar_operands: list[dict] = field(default_factory=list)  # Add/Mul constants read through their own DQ
+    padded_inputs: list[dict] = field(default_factory=list)  # Convs whose input channels were padded to 4k
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -322,6 +323,34 @@ class EvalEncoder:
             remove_if_unused(self.graph, source.nodes, [source.root])
         self.result.scalar_operands.append({"node": node.name, "op": node.op_type, "constant": float(value),
                                             "quantizer": base})
+    def pad_input_channels(self, layer: ir.Node) -> None:
+        """A Conv with 3 input channels (an RGB stem) runs in onnxruntime's slow integer kernel
+        (:data:`SYM_CONV_INPUT_ALIGN`): its input codes get zero-point channels (a uint8 ``Pad`` between
+        the input's QuantizeLinear and a DequantizeLinear of its own) and its weight codes zero channels
+        to match. Exact: the added channels dequantize to 0 and meet zero weights."""
+        found = _conv_to_pad(layer, self.opset)
+        if found is None:
+            return
+        x_dq, w_dq, codes = found
+        extra = -codes.shape[1] % SYM_CONV_INPUT_ALIGN
+        padded = np.concatenate([codes, np.zeros((codes.shape[0], extra) + codes.shape[2:], codes.dtype)], axis=1)
+        w_dq.inputs[0].const_value = _tensor(padded, w_dq.inputs[0].name)
+        w_dq.inputs[0].shape = w_dq.outputs[0].shape = ir.Shape(padded.shape)
+        pads = np.zeros(2 * codes.ndim, np.int64)
+        pads[codes.ndim + 1] = extra  # the end of axis 1
+        base = self.names.prefix(f"{layer.name or 'Conv'}/input_channels", ["Pad", DEQUANTIZE],
+                                 ["pads", "padded", "dequantized"])
+        pad = ir.node("Pad", [x_dq.inputs[0], self.initializer(f"{base}/pads", pads), x_dq.inputs[2]],
+                      {"mode": "constant"}, name=f"{base}/Pad")
+        pad.outputs[0].name = f"{base}/padded"
+        pad.outputs[0].dtype = x_dq.inputs[0].dtype
+        dq = dequantize_node(pad.outputs[0], x_dq.inputs[1], x_dq.inputs[2], base, None, None)
+        self.graph.insert_before(layer, [pad, dq])
+        layer.replace_input_with(0, dq.outputs[0])
+        if not x_dq.outputs[0].uses() and not x_dq.outputs[0].is_graph_output():
+            self.graph.remove(x_dq, safe=True)
+        self.result.padded_inputs.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
+                                          "padded_to": int(padded.shape[1]), "pad": pad.name})
 
     # --- activations -------------------------------------------------------------------------
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
@@ -409,9 +438,46 @@ class EvalEncoder:
             self.encode_scalar_operand(node, index)
         self.report_float_layers()
         self.quantize_biases()
+        for match in self.plan.layers:
+            self.pad_input_channels(match.layer)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result
+
+
+def _input_dq(layer: ir.Node) -> ir.Node | None:
+    """The DequantizeLinear a layer's activation input comes from (None if not quantized)."""
+    x = layer_input(layer)
+    xp = x.producer() if x is not None else None
+    return xp if xp is not None and xp.domain == "" and xp.op_type == DEQUANTIZE else None
+
+
+# onnxruntime's fast QLinearConv kernels (MLAS "symmetric" indirect convolution, ``MlasConvSymPackWSize``:
+# 1.32, x86-64 and ARM64) take a group-1 Conv only with int8 weights of zero point 0, input channels a
+# multiple of 4 and at least 16 output channels, a multiple of 8; otherwise im2col + a GEMM (K = 27 for an
+# RGB stem: 2.3x slower, benchmarks/zoo/FINDINGS.md section 9).
+SYM_CONV_INPUT_ALIGN = 4
+SYM_CONV_MIN_OUTPUTS = 16
+SYM_CONV_OUTPUT_ALIGN = 8
+
+
+def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:
+    """``(input DQ, weight DQ, weight codes)`` of a Conv whose input channels onnxruntime's fast integer
+    kernel would take once padded to a multiple of 4, else None."""
+    if layer.domain != "" or layer.op_type != "Conv" or group_of(layer) != 1 or opset < 11:
+        return None
+    x_dq, w = _input_dq(layer), layer_weight(layer)
+    w_dq = w.producer() if w is not None else None
+    if x_dq is None or w_dq is None or w_dq.op_type != DEQUANTIZE or not eight_bit_kernel_types(x_dq, w):
+        return None
+    codes, zero = constant_array(w_dq.inputs[0]), constant_array(w_dq.inputs[2]) if len(w_dq.inputs) > 2 else None
+    x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
+    if codes is None or codes.dtype != np.int8 or codes.ndim < 3 or zero is None or np.any(zero != 0) or x_zero is None:
+        return None
+    if codes.shape[1] % SYM_CONV_INPUT_ALIGN == 0 or codes.shape[0] < SYM_CONV_MIN_OUTPUTS \
+            or codes.shape[0] % SYM_CONV_OUTPUT_ALIGN or len(w.uses()) != 1 or len(w_dq.inputs[0].uses()) != 1:
+        return None
+    return x_dq, w_dq, codes
 
 
 def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node, int] | None:
@@ -461,18 +527,13 @@ class QuantizeBias:
     def __init__(self, encoder: EvalEncoder):
         self.encoder = encoder
 
-    def _input_dq(self, layer: ir.Node) -> ir.Node | None:
-        x = layer_input(layer)
-        xp = x.producer() if x is not None else None
-        return xp if xp is not None and xp.domain == "" and xp.op_type == DEQUANTIZE else None
-
     def check(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> str | None:
         b = constant_array(slot[0].inputs[slot[1]])
         if b is None or b.dtype != np.float32:
             return "it is not a float32 constant"
         if layer.op_type == "MatMul" and (b.ndim < 1 or any(d != 1 for d in b.shape[:-1])):
             return "the bias Add's constant is not one value per output (shape [..., 1, N])"
-        xp = self._input_dq(layer)
+        xp = _input_dq(layer)
         if xp is None:
             return "the layer's input is not quantized"
         x_scale = constant_array(xp.inputs[1])
@@ -495,7 +556,7 @@ class QuantizeBias:
         per_out = per_output_channel(layer, np.asarray(w_scale, dtype=np.float32), channels)
         if per_out is None:
             return None
-        x_scale = constant_array(self._input_dq(layer).inputs[1])
+        x_scale = constant_array(_input_dq(layer).inputs[1])
         return (np.float32(x_scale.reshape(-1)[0]) * per_out).astype(np.float32)
 
     def rewrite(self, layer: ir.Node, slot: tuple[ir.Node, int]) -> dict | None:
@@ -544,7 +605,7 @@ class QuantizeBias:
         # to int32 at that scale itself, with an unchecked float->int32 Cast: out-of-range channels
         # become INT32_MIN (-2**31, sign flipped). On the sample at W16A16 that took accuracy from
         # 99.6% (ORT_DISABLE_ALL) to 84% (default).
-        if eight_bit_kernel_types(self._input_dq(layer), layer_weight(layer)):
+        if eight_bit_kernel_types(_input_dq(layer), layer_weight(layer)):
             # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32 bias at
             # input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
             saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))

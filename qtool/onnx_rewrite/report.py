@@ -82,6 +82,7 @@ class RewriteResult:
             "lstms_dynamic": len(e.recurrent),
             "hard_sigmoids_integer": len(e.integer_gates),
             "scalar_operands_integer": len(e.scalar_operands),
+            "conv_inputs_padded": len(e.padded_inputs),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -107,6 +108,7 @@ class RewriteResult:
             "recurrent": e.recurrent,
             "integer_gates": e.integer_gates,
             "scalar_operands": e.scalar_operands,
+            "padded_inputs": e.padded_inputs,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -203,6 +205,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["biases_int32"], "int32 bias"))
     if c.get("hard_sigmoids_integer"):
         extra.append(f"{c['hard_sigmoids_integer']} HardSwish/HardSigmoid gates as integer Add")
+    if c.get("conv_inputs_padded"):
+        extra.append(_plural(c["conv_inputs_padded"], "Conv input") + " padded to 4k channels")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

@@ -417,3 +417,38 @@ def test_a_dead_depthwise_channel_keeps_the_weight_zero_points_0(tmp_path):
     dq = depthwise.inputs[1].producer()
     assert dq.op_type == "DequantizeLinear"
     assert not np.any(dq.inputs[2].const_value.numpy()) and not np.any(dq.inputs[0].const_value.numpy()[[1, 6]])
+
+
+@pytest.mark.parametrize("cout, padded", [(16, True), (8, False)])
+def test_an_rgb_stem_conv_reads_its_input_padded_to_4_channels(cout, padded, tmp_path):
+    """onnxruntime's fast QLinearConv kernel (MLAS symmetric convolution) needs input channels a
+    multiple of 4 (and >= 16 output channels, a multiple of 8): a 3-channel stem took im2col + GEMM,
+    2.3x slower. qtool pads the stem's input codes with zero-point channels and its weight codes with
+    zero channels; the results are unchanged to the bit."""
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b, c=3, hw=16)
+    y = b.node("Relu", [conv_bn(b, x, 3, cout)])
+    y = conv_bn(b, y, cout, 16)
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["Pad"] == int(padded) and result.to_dict()["counts"]["conv_inputs_padded"] == int(padded)
+    model = ir.serde.serialize_model(result.model)
+    if not padded:
+        return
+    stem = next(n for n in model.graph.node if n.op_type == "Conv")
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    w_dq, x_dq = producers[stem.input[1]], producers[stem.input[0]]
+    assert onnx.numpy_helper.to_array(inits[w_dq.input[0]]).shape == (16, 4, 3, 3)
+    # the same model without the padding computes the same values
+    pad = producers[x_dq.input[0]]
+    assert pad.op_type == "Pad"
+    unpadded = onnx.ModelProto()
+    unpadded.CopyFrom(model)
+    g = unpadded.graph
+    next(n for n in g.node if n.name == x_dq.name).input[0] = pad.input[0]
+    g.node.remove(next(n for n in g.node if n.name == pad.name))
+    codes = next(i for i in g.initializer if i.name == w_dq.input[0])
+    codes.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(codes)[:, :3], codes.name))
+    outs = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            for m in (model, unpadded)]
+    np.testing.assert_array_equal(*outs)
