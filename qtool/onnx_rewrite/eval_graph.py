@@ -77,6 +77,7 @@ from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
+from qtool.onnx_rewrite.channel_padding import pad_depthwise_channels
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
 from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
 
@@ -95,6 +96,7 @@ class EvalEncoding:
     integer_gates: list[dict] = field(default_factory=list)  # HardSigmoids written as an integer Add
     scalar_operands: list[dict] = field(default_factory=list)  # Add/Mul constants read through their own DQ
     padded_inputs: list[dict] = field(default_factory=list)  # Convs whose input channels were padded to 4k
+    padded_depthwise: list[dict] = field(default_factory=list)  # depthwise Convs widened to 16k channels
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -335,7 +337,7 @@ class EvalEncoder:
         extra = -codes.shape[1] % SYM_CONV_INPUT_ALIGN
         padded = np.concatenate([codes, np.zeros((codes.shape[0], extra) + codes.shape[2:], codes.dtype)], axis=1)
         w_dq.inputs[0].const_value = _tensor(padded, w_dq.inputs[0].name)
-        w_dq.inputs[0].shape = w_dq.outputs[0].shape = ir.Shape(padded.shape)
+        w_dq.outputs[0].shape = ir.Shape(padded.shape)
         pads = np.zeros(2 * codes.ndim, np.int64)
         pads[codes.ndim + 1] = extra  # the end of axis 1
         base = self.names.prefix(f"{layer.name or 'Conv'}/input_channels", ["Pad", DEQUANTIZE],
@@ -440,6 +442,8 @@ class EvalEncoder:
         self.quantize_biases()
         for match in self.plan.layers:
             self.pad_input_channels(match.layer)
+        if self.config.activation_bits == 8:
+            self.result.padded_depthwise = pad_depthwise_channels(self.graph)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result

@@ -83,6 +83,7 @@ class RewriteResult:
             "hard_sigmoids_integer": len(e.integer_gates),
             "scalar_operands_integer": len(e.scalar_operands),
             "conv_inputs_padded": len(e.padded_inputs),
+            "depthwise_widened": len(e.padded_depthwise),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -109,6 +110,7 @@ class RewriteResult:
             "integer_gates": e.integer_gates,
             "scalar_operands": e.scalar_operands,
             "padded_inputs": e.padded_inputs,
+            "padded_depthwise": e.padded_depthwise,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -207,6 +209,8 @@ def format_summary(s: dict) -> str:
         extra.append(f"{c['hard_sigmoids_integer']} HardSwish/HardSigmoid gates as integer Add")
     if c.get("conv_inputs_padded"):
         extra.append(_plural(c["conv_inputs_padded"], "Conv input") + " padded to 4k channels")
+    if c.get("depthwise_widened"):
+        extra.append(_plural(c["depthwise_widened"], "depthwise Conv") + " widened to 16k channels")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:
