@@ -4,7 +4,7 @@ onnxruntime's (1.32) fast depthwise QLinearConv (MLAS symmetric depthwise convol
 ``MlasConvSymPackWSize``) takes a depthwise Conv only when its channel count is a multiple of 16
 on x86-64 (8 on ARM64); any other count runs the generic depthwise kernel, 2.3-2.5x slower per
 layer although it has fewer channels (72 / 88 / 120 against 80 / 96 / 128 channels,
-``benchmarks/zoo/FINDINGS.md`` section 9). MobileNetV3's expansions of 72, 88 and 120 channels are
+``benchmarks/zoo/FINDINGS.md`` section 10). MobileNetV3's expansions of 72, 88 and 120 channels are
 such counts.
 
 :func:`pad_depthwise_channels` widens, in the eval graph, every tensor that carries a depthwise

@@ -459,7 +459,7 @@ def _input_dq(layer: ir.Node) -> ir.Node | None:
 # onnxruntime's fast QLinearConv kernels (MLAS "symmetric" indirect convolution, ``MlasConvSymPackWSize``:
 # 1.32, x86-64 and ARM64) take a group-1 Conv only with int8 weights of zero point 0, input channels a
 # multiple of 4 and at least 16 output channels, a multiple of 8; otherwise im2col + a GEMM (K = 27 for an
-# RGB stem: 2.3x slower, benchmarks/zoo/FINDINGS.md section 9).
+# RGB stem: 2.3x slower, benchmarks/zoo/FINDINGS.md section 10).
 SYM_CONV_INPUT_ALIGN = 4
 SYM_CONV_MIN_OUTPUTS = 16
 SYM_CONV_OUTPUT_ALIGN = 8
