@@ -459,7 +459,8 @@ def _input_dq(layer: ir.Node) -> ir.Node | None:
 # onnxruntime's fast QLinearConv kernels (MLAS "symmetric" indirect convolution, ``MlasConvSymPackWSize``:
 # 1.32, x86-64 and ARM64) take a group-1 Conv only with int8 weights of zero point 0, input channels a
 # multiple of 4 and at least 16 output channels, a multiple of 8; otherwise im2col + a GEMM (K = 27 for an
-# RGB stem: 2.3x slower, benchmarks/zoo/FINDINGS.md section 10).
+# RGB stem: 2.3x slower, benchmarks/zoo/FINDINGS.md section 10). Padded only where that adds at most a third
+# of the input (3 -> 4 channels): the OCR recognizer's 1-channel stem padded to 4 made the model slower.
 SYM_CONV_INPUT_ALIGN = 4
 SYM_CONV_MIN_OUTPUTS = 16
 SYM_CONV_OUTPUT_ALIGN = 8
@@ -478,7 +479,8 @@ def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarr
     x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
     if codes is None or codes.dtype != np.int8 or codes.ndim < 3 or zero is None or np.any(zero != 0) or x_zero is None:
         return None
-    if codes.shape[1] % SYM_CONV_INPUT_ALIGN == 0 or codes.shape[0] < SYM_CONV_MIN_OUTPUTS \
+    extra = -codes.shape[1] % SYM_CONV_INPUT_ALIGN
+    if extra == 0 or 3 * extra > codes.shape[1] or codes.shape[0] < SYM_CONV_MIN_OUTPUTS \
             or codes.shape[0] % SYM_CONV_OUTPUT_ALIGN or len(w.uses()) != 1 or len(w_dq.inputs[0].uses()) != 1:
         return None
     return x_dq, w_dq, codes
