@@ -325,6 +325,7 @@ class EvalEncoder:
             remove_if_unused(self.graph, source.nodes, [source.root])
         self.result.scalar_operands.append({"node": node.name, "op": node.op_type, "constant": float(value),
                                             "quantizer": base})
+
     def pad_input_channels(self, layer: ir.Node) -> None:
         """A Conv with 3 input channels (an RGB stem) runs in onnxruntime's slow integer kernel
         (:data:`SYM_CONV_INPUT_ALIGN`): its input codes get zero-point channels (a uint8 ``Pad`` between
