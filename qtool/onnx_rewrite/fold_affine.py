@@ -36,6 +36,7 @@ from qtool.model.names import NameScope, context_of
 from qtool.onnx_rewrite.fold_batch_norms import channel_vector, fold_weight, new_initializer, output_rank
 from qtool.onnx_rewrite.matcher import GraphView, Match, other_input
 from qtool.onnx_rewrite.patterns import AFFINE_FOLD
+from qtool.onnx_rewrite.placement.plan import LeftInFloat
 
 
 @dataclass
@@ -51,19 +52,9 @@ class AffineFold:
 
 
 @dataclass
-class AffineSkip:
-    node: str
-    op: str
-    reason: str
-
-    def to_dict(self) -> dict:
-        return {"node": self.node, "op": self.op, "reason": self.reason}
-
-
-@dataclass
 class AffineReport:
     folded: list[AffineFold]
-    skipped: list[AffineSkip]
+    skipped: list[LeftInFloat]
 
 
 def _channel_axis(layer: ir.Node, rank: int) -> int:
@@ -132,7 +123,7 @@ class FoldAffine:
                     f"{layer.op_type} '{layer.name}' ({channels} channels)")
         return None
 
-    def steps(self, match: Match) -> tuple[list[ir.Node], list[AffineSkip]]:
+    def steps(self, match: Match) -> tuple[list[ir.Node], list[LeftInFloat]]:
         """The Mul/Add nodes of ``match`` that fold (a prefix of the chain), and why the others do not."""
         layer = match.nodes["layer"]
         chain = [match.nodes[k] for k in ("mul", "add") if k in match.nodes]
@@ -142,13 +133,13 @@ class FoldAffine:
             return [], []  # not a layer with a float constant weight (a MatMul of two tensors): nothing to fold into
         reason = self.check_layer(layer)
         if reason is not None:
-            return [], [AffineSkip(chain[0].name, chain[0].op_type, reason)]
+            return [], [LeftInFloat(chain[0].name, chain[0].op_type, reason)]
         folding: list[ir.Node] = []
         value = layer.outputs[0]
         for node in chain:
             reason = self.check_step(layer, node, value)
             if reason is not None:
-                return folding, [AffineSkip(node.name, node.op_type, reason)]
+                return folding, [LeftInFloat(node.name, node.op_type, reason)]
             folding.append(node)
             value = node.outputs[0]
         return folding, []
@@ -208,7 +199,7 @@ def fold_affine(graph: ir.Graph, names: NameScope | None = None, exclude=frozens
     names = names or NameScope(graph)
     rule = FoldAffine(graph, names, exclude)
     folded: list[AffineFold] = []
-    skipped: list[AffineSkip] = []
+    skipped: list[LeftInFloat] = []
     for node in list(graph):
         if node.graph is not graph or node.domain != "" or node.op_type not in AFFINE_FOLD.start.op_types:
             continue
