@@ -207,6 +207,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["biases_int32"], "int32 bias"))
     if c.get("hard_sigmoids_integer"):
         extra.append(f"{c['hard_sigmoids_integer']} HardSwish/HardSigmoid gates as integer Add")
+    if c.get("scalar_operands_integer"):
+        extra.append(_plural(c["scalar_operands_integer"], "scalar constant") + " of Add/Mul read as integers")
     if c.get("conv_inputs_padded"):
         extra.append(_plural(c["conv_inputs_padded"], "Conv input") + " padded to 4k channels")
     if c.get("depthwise_widened"):

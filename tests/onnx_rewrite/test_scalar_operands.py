@@ -56,6 +56,7 @@ def test_an_affine_block_after_hard_swish_runs_in_integers(w, b, shape, tmp_path
     assert ops["QLinearMul"] == 2 and ops["QLinearAdd"] == 2, ops  # the HardSwish's Mul and gate, w and b
     summary = result.summary
     assert summary["counts"]["scalar_operands_integer"] == 2
+    assert "2 scalar constants of Add/Mul read as integers" in result.format_text()
     assert {e["constant"] for e in summary["scalar_operands"]} == {np.float32(w), np.float32(b)}
     assert not {"Mul", "Add", "Div", "Clip"} & set(summary["other_float_ops"])
     # each constant dequantizes to itself, bit for bit (its shape kept: it broadcasts as it did)

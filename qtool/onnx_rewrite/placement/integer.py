@@ -101,6 +101,9 @@ def scalar_operand(node: ir.Node) -> int | None:
     constant = [i for i, v in enumerate(node.inputs) if is_constant(v)]
     if len(constant) != 1 or node.inputs[1 - constant[0]] is None:
         return None
+    shape = node.inputs[constant[0]].shape
+    if shape is not None and shape.is_static() and math.prod(shape.numpy()) != 1:
+        return None  # known not to be a scalar: no need to compute it (a bias vector, a weight)
     value = constant_array(node.inputs[constant[0]])
     if value is None or value.dtype != np.float32 or value.size != 1 or not np.isfinite(value).all():
         return None
