@@ -170,13 +170,11 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis, round_mode=round_mode.upper())
     params = qparams(lo, hi, bits=bits, narrow=True, signed=True, int4=int4)
     stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())
-    if params.degenerate:  # all-zero channels: their codes are their zero point (see qparams)
+    if params.degenerate:  # all-zero channels: their codes are their stored zero point, 0 (see qparams)
         zero = np.asarray(params.nudged[0] == params.nudged[1])
         if axis is not None:
             zero = np.expand_dims(zero, tuple(d for d in range(w.ndim) if d != axis % w.ndim))
-        stored = np.where(zero, params.zero_point if axis is None else np.expand_dims(
-            params.zero_point, tuple(d for d in range(w.ndim) if d != axis % w.ndim)), stored)
-        stored = stored.astype(params.storage.numpy_dtype())
+        stored = np.where(zero, 0, stored).astype(params.storage.numpy_dtype())
     return stored, params
 
 

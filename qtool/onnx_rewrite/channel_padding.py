@@ -138,7 +138,8 @@ class _Component:
         return True
 
 
-def _pad_axis(array: np.ndarray, axis: int, extra: int, edge: bool) -> np.ndarray:
+def pad_axis(array: np.ndarray, axis: int, extra: int, edge: bool = False) -> np.ndarray:
+    """``array`` with ``extra`` entries appended along ``axis``: zeros, or copies of the last (``edge``)."""
     widths = [(0, 0)] * array.ndim
     widths[axis] = (0, extra)
     return np.pad(array, widths, mode="edge" if edge else "constant")
@@ -152,16 +153,16 @@ def _widen_outputs(conv: ir.Node, extra: int) -> None:
     """Zero output channels: weight and bias codes 0, per-channel scales repeated (zero points 0)."""
     for dq in _weight_dqs(conv):
         codes, scale = constant_array(dq.inputs[0]), constant_array(dq.inputs[1])
-        _set(dq.inputs[0], _pad_axis(codes, 0, extra, edge=False))
+        _set(dq.inputs[0], pad_axis(codes, 0, extra))
         if scale.size > 1:
-            _set(dq.inputs[1], _pad_axis(scale, 0, extra, edge=True))
-            _set(dq.inputs[2], _pad_axis(constant_array(dq.inputs[2]), 0, extra, edge=False))
+            _set(dq.inputs[1], pad_axis(scale, 0, extra, edge=True))
+            _set(dq.inputs[2], pad_axis(constant_array(dq.inputs[2]), 0, extra))
         dq.outputs[0].shape = None
 
 
 def _widen_inputs(conv: ir.Node, extra: int) -> None:
     dq = _weight_dqs(conv)[0]
-    _set(dq.inputs[0], _pad_axis(constant_array(dq.inputs[0]), 1, extra, edge=False))
+    _set(dq.inputs[0], pad_axis(constant_array(dq.inputs[0]), 1, extra))
     dq.outputs[0].shape = None
 
 

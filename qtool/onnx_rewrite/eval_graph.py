@@ -77,7 +77,7 @@ from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
-from qtool.onnx_rewrite.channel_padding import pad_depthwise_channels
+from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
 from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
 
@@ -336,7 +336,7 @@ class EvalEncoder:
             return
         x_dq, w_dq, codes = found
         extra = -codes.shape[1] % SYM_CONV_INPUT_ALIGN
-        padded = np.concatenate([codes, np.zeros((codes.shape[0], extra) + codes.shape[2:], codes.dtype)], axis=1)
+        padded = pad_axis(codes, 1, extra)
         w_dq.inputs[0].const_value = _tensor(padded, w_dq.inputs[0].name)
         w_dq.outputs[0].shape = ir.Shape(padded.shape)
         pads = np.zeros(2 * codes.ndim, np.int64)
