@@ -78,13 +78,18 @@ def test_per_tensor_gradients_are_the_kernel_gradients(bits, narrow, lo, hi):
     np.testing.assert_allclose(float(gmax), float(d_max), rtol=1e-5, atol=1e-5)
 
 
-def test_per_channel_gradients_are_the_kernel_gradients():
-    rng = np.random.default_rng(3)
+def _per_channel_case(seed: int):
+    """Per-channel ranges for 8 channels (channel 2 is [0, 0]), inputs [200, 8] and an upstream gradient."""
+    rng = np.random.default_rng(seed)
     lo = -np.abs(rng.standard_normal(8)).astype(np.float32)
     hi = np.abs(rng.standard_normal(8)).astype(np.float32)
     lo[2], hi[2] = 0.0, 0.0
     x = (rng.standard_normal((200, 8)) * 1.5).astype(np.float32)
-    g = rng.standard_normal(x.shape).astype(np.float32)
+    return lo, hi, x, rng.standard_normal(x.shape).astype(np.float32)
+
+
+def test_per_channel_gradients_are_the_kernel_gradients():
+    lo, hi, x, g = _per_channel_case(3)
     d_x, d_min, d_max = qtool.fake_quant_with_min_max_vars_per_channel_gradient(g, x, lo, hi, 4, True)
     _, vjp = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True), jnp.asarray(x), jnp.asarray(lo[None]),
                      jnp.asarray(hi[None]))
@@ -126,12 +131,7 @@ def test_half_to_even_forward_is_the_function_body_bit_for_bit(bits, narrow, lo,
 def test_half_to_even_per_channel_forward_and_gradients():
     """Per channel ([1, C] ranges, a [0, 0] channel among them): the forward is the function body's; the
     gradients are TF's straight-through ones, identical to half up's (the mode changes the rounding only)."""
-    rng = np.random.default_rng(4)
-    lo = -np.abs(rng.standard_normal(8)).astype(np.float32)
-    hi = np.abs(rng.standard_normal(8)).astype(np.float32)
-    lo[2], hi[2] = 0.0, 0.0
-    x = (rng.standard_normal((200, 8)) * 1.5).astype(np.float32)
-    g = rng.standard_normal(x.shape).astype(np.float32)
+    lo, hi, x, g = _per_channel_case(4)
     args = (jnp.asarray(x), jnp.asarray(lo[None]), jnp.asarray(hi[None]))
     even, vjp_even = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True, True, True), *args)
     _, vjp_up = jax.vjp(lambda x, a, b: fake_quant(x, a, b, 4, True, True, False), *args)

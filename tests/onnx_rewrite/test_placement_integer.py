@@ -139,16 +139,20 @@ def test_attention_runs_in_integers_with_the_mask_path_in_float(tmp_path):
     assert scores not in acts and additive not in acts  # the mask (-1e4) is never clipped
 
 
+def attention_case(samples: int, tokens: int, spread: float, d: int = 16):
+    """Single-head attention over ``tokens`` (inputs scaled by ``spread``: small is near-uniform, large is
+    peaked): the builder, the output, the Softmax output, the feeds and the Softmax output's largest value."""
+    b = Builder(opset=17, named=False)
+    y, probs, _ = attention(b, b.input("x", ["N", tokens, d]), d)
+    feeds = {"x": x_data(samples, tokens, d) * np.float32(spread)}
+    return b, y, probs, feeds, float(run(b.proto([probs]), feeds)[0].max())
+
+
 def test_softmax_output_takes_its_calibrated_range_over_many_tokens(tmp_path):
     """Attention over 128 tokens, close to uniform (probabilities ~1/128, one step of a fixed [0, 1]
     grid): the Softmax output's range is [0, its calibrated max], in the eval and the training graph,
     and [0, 1] without data."""
-    b = Builder(opset=17, named=False)
-    d, t = 16, 128
-    x = b.input("x", ["N", t, d])
-    y, probs, _ = attention(b, x, d)
-    feeds = {"x": x_data(4, t, d) * np.float32(0.3)}
-    observed = float(run(b.proto([probs]), feeds)[0].max())
+    b, y, probs, feeds, observed = attention_case(samples=4, tokens=128, spread=0.3)
     assert observed < 0.25
     _, result = check_integer(b.proto([y]), feeds, tmp_path)
     acts = {a["tensor"]: a for a in result.summary["activations"]}
@@ -167,12 +171,7 @@ def test_a_softmax_output_keeps_its_maximum_whatever_the_calibration_method(meth
     at 0.06 by --calibration-method entropy: 0.6 dB output SQNR). Softmax outputs are observed by
     min/max whatever the method; the other tensors by the method (rewrite-eval, rewrite-train and
     calibrate alike)."""
-    b = Builder(opset=17, named=False)
-    d, t = 16, 32
-    x = b.input("x", ["N", t, d])
-    y, probs, _ = attention(b, x, d)
-    feeds = {"x": x_data(8, t, d) * np.float32(3)}
-    observed = float(run(b.proto([probs]), feeds)[0].max())
+    b, y, probs, feeds, observed = attention_case(samples=8, tokens=32, spread=3)
     calibration = qtool.CalibrationConfig(method=method)
     deployed = qtool.rewrite_eval(b.proto([y]), calibration_data=feeds, calibration=calibration)
     acts = {a["tensor"]: a for a in deployed.summary["activations"]}
