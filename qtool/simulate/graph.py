@@ -242,7 +242,7 @@ def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
         if not users:
             readers = ", ".join(sorted({u.op_type for u, _ in _uses(node.outputs[0])})) or "nothing"
             result.skipped.append((quantizer_name(node), (q.inputs[0] if q else x).name or "?",
-                                   f"a quantized constant read by {readers}, not a layer's weight or bias"))
+                                   f"a constant read by {readers} (not a layer's weight or bias)"))
     return result
 
 
@@ -325,7 +325,9 @@ class FloatIndex:
                 return fv.name, f"folded output of node '{lp.name}'"
         if v.name in self.values:
             return v.name, "tensor of the same name"
-        return None, f"no float tensor matches '{v.name}' (neither its producer nor its name is in the float model)"
+        if p is not None:  # e.g. the Add of an integer HardSigmoid gate qtool wrote
+            return None, f"made by {p.op_type} '{p.name}', a node the float model lacks"
+        return None, f"no float tensor matches '{v.name}' (its name is not in the float model)"
 
 
 def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedGraph) -> None:

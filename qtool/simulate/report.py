@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from qtool.model.io import write_text
 
@@ -182,6 +183,21 @@ def _more(items: list, limit: int | None) -> list[str]:
     return [f"    ... {len(items) - limit} more (all in --json)"] if limit is not None and len(items) > limit else []
 
 
+def _unmatched_lines(unmatched: list[dict], width: int) -> list[str]:
+    """One line per reason a quantizer was not compared (the reason with its quoted names taken out),
+    with a count where several share it: a model with an integer gate per HardSwish has dozens."""
+    groups: dict[str, list[dict]] = {}
+    for u in unmatched:
+        groups.setdefault(re.sub(r" ?'[^']*'", "", u["reason"]), []).append(u)
+    lines = []
+    for reason, items in groups.items():
+        if len(items) == 1:
+            lines.append(f"    not compared: {items[0]['quantizer']}: {items[0]['reason']}")
+        else:
+            lines.append(f"    {len(items)} not compared: {reason}")
+    return [ellipsize(line, width) for line in lines]
+
+
 def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> list[str]:
     lines = ["", ellipsize(f"{mdl['name']}: quantized activations, worst first (SQNR against the float tensor)", width)]
     acts = mdl["activations"]
@@ -195,7 +211,7 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
     else:
         lines.append("    (none)")
     lines += _more(acts, limit)
-    lines += [ellipsize(f"    not compared: {u['quantizer']}: {u['reason']}", width) for u in mdl["unmatched_activations"]]
+    lines += _unmatched_lines(mdl["unmatched_activations"], width)
     if mdl["weights"]:
         lines.append("  weights, worst first")
         rows = [[fmt_db(w["sqnr_db"]), fmt_num(w.get("max_abs_error")), w["role"], w.get("dtype") or "-",

@@ -190,3 +190,25 @@ def test_what_if_table_calibrates_once_and_equals_separate_rewrites(monkeypatch)
     assert [m["name"] for m in rep["models"]] == ["W4A8", "W4A16", "W8A8", "W8A16"]
     for mine, theirs in zip(rep["models"], ref["models"]):
         assert mine["output"] == theirs["output"] and mine["accuracy"] == theirs["accuracy"]
+
+
+def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path):
+    """Each integer HardSwish gate qtool writes (an Add the float model lacks) and its +3 constant are not
+    compared; the text says so in one line per reason with the count, the JSON lists each one."""
+    from model_builders import Builder, x_data
+
+    b = Builder(opset=17, constants=True, named=False)
+    y = b.conv(b.input("x", ["N", 8, 8, 8]), 8, 8)
+    for _ in range(3):
+        y = b.conv(b.node("HardSwish", [y]), 8, 8, k=1)
+    model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
+    onnx.save(b.proto([y]), model)
+    np.savez(data, x=x_data(16, 8, 8, 8) * 3)
+    res = simulate(model, data, SimulateConfig(calibration_data=data))
+    (m,) = res.report["models"]
+    made = [u for u in m["unmatched_activations"] if u["reason"].startswith("made by Add")]
+    assert len(made) == 3 and all("a node the float model lacks" in u["reason"] for u in made)
+    text = res.format_text()
+    assert "3 not compared: made by Add, a node the float model lacks" in text
+    assert "3 not compared: a constant read by Add (not a layer's weight or bias)" in text
+    assert text.count("not compared") == 2
