@@ -114,6 +114,8 @@ class TensorAcc:
         if ref.size != test.size:
             self.problem = f"float tensor has shape {list(ref.shape)}, the quantized one {list(test.shape)}"
             return
+        if q.bound is not None:  # what its readers see: beyond the bound they saturate
+            ref = np.clip(ref, np.float32(q.bound[0]), np.float32(q.bound[1]))
         if q.reads_codes and self.read == q.codes.name:
             part = m.pair_stats(ref, test, q.scale, q.zero_point, q.representable)
         else:
@@ -125,7 +127,7 @@ class TensorAcc:
     def result(self) -> ActivationError:
         q = self.quantizer
         base = dict(quantizer=q.name, tensor=q.float_value.name, float_tensor=q.counterpart, matched_by=q.how,
-                    layer=self.layer, quantizer_range=q.representable)
+                    layer=self.layer, quantizer_range=q.representable, readers_saturate=q.bound)
         if self.problem:
             return ActivationError(**base, problem=self.problem)
         float_range, quantized_range = value_ranges(self.stats)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 import onnx_ir as ir
@@ -40,6 +41,7 @@ from qtool.model.codec import CONTAINER_RANGE
 from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
 from qtool.model.constants import constant_array
+from qtool.onnx_rewrite.placement.integer import saturation_bound
 
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
 _FUSED_AFTER_LAYER = ("Relu", "Clip", "BatchNormalization", "Add", "LeakyRelu", "Sigmoid", "HardSigmoid")
@@ -77,6 +79,7 @@ class ActivationQuantizer:
     counterpart: str | None = None  # the float model's tensor, or None
     how: str = ""  # how the counterpart was found, or why not
     clamps: bool = False  # it also does the work of an activation (Relu, Clip) the quantized model dropped
+    bound: tuple[float, float] | None = None  # where every reader of the float tensor saturates (a HardSwish input)
 
     @property
     def output(self) -> ir.Value:
@@ -337,6 +340,30 @@ def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedG
         fv = index.values.get(act.counterpart) if act.counterpart else None
         fp, qp = (fv.producer() if fv is not None else None), act.float_value.producer()
         act.clamps = _is(fp, "Relu", "Clip") and not _is(qp, "Relu", "Clip")
+        act.bound = _readers_saturate(fv) if fv is not None else None
+
+
+class _FloatView:
+    """The placement's view of a graph where a node's inputs are what they are (``saturation_bound``)."""
+
+    @staticmethod
+    def input(node: ir.Node, i: int) -> ir.Value | None:
+        return node.inputs[i] if i < len(node.inputs) else None
+
+
+def _readers_saturate(value: ir.Value) -> tuple[float, float] | None:
+    """The interval outside which no reader of the float tensor changes (the hull of
+    ``placement.integer.saturation_bound`` over its readers: a HardSwish input, -3 and up), or None.
+    Beyond it the quantizer may clip at no cost (``rewrite-eval`` narrows such ranges), so the tensor is
+    compared inside it."""
+    ctx = SimpleNamespace(view=_FloatView)
+    readers = [u for u, _ in _uses(value)]
+    if not readers or value.is_graph_output():
+        return None
+    bounds = [saturation_bound(ctx, r, value) for r in readers]
+    if None in bounds:
+        return None
+    return min(b[0] for b in bounds), max(b[1] for b in bounds)
 
 
 def clamping_quantizers(quantized: QuantizedGraph) -> set[str]:

@@ -202,7 +202,7 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
     lines = ["", ellipsize(f"{mdl['name']}: quantized activations, worst first (SQNR against the float tensor)", width)]
     acts = mdl["activations"]
     rows = [[fmt_db(a["sqnr_db"]), _pct(a.get("clipped_fraction")),
-             _range(a.get("float_range")), _range(a.get("quantizer_range")),
+             _range(a.get("float_range")) + ("*" if a.get("readers_saturate") else ""), _range(a.get("quantizer_range")),
              _tensor_name(a["float_tensor"] or a["quantizer"]) + (f" ({a['problem']})" if a.get("problem") else "")]
             for a in acts[:limit]]
     if rows:
@@ -211,6 +211,8 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
     else:
         lines.append("    (none)")
     lines += _more(acts, limit)
+    if any(a.get("readers_saturate") for a in acts[:limit]):
+        lines.append("    * inside the bound where every reader saturates (a HardSwish input below -3): compared there")
     lines += _unmatched_lines(mdl["unmatched_activations"], width)
     if mdl["weights"]:
         lines.append("  weights, worst first")

@@ -112,6 +112,7 @@ class ActivationError:
     clipped_low: int | None = None
     clipped_high: int | None = None
     histogram: Histogram | None = None
+    readers_saturate: tuple[float, float] | None = None  # compared clipped to it (where its readers saturate)
 
     @property
     def sqnr_db(self) -> float | None:
@@ -127,7 +128,8 @@ class ActivationError:
     def to_dict(self) -> dict:
         e = {"quantizer": self.quantizer, "tensor": self.tensor, "float_tensor": self.float_tensor,
              "matched_by": self.matched_by, "layer": self.layer,
-             "quantizer_range": None if self.quantizer_range is None else list(self.quantizer_range)}
+             "quantizer_range": None if self.quantizer_range is None else list(self.quantizer_range),
+             "readers_saturate": None if self.readers_saturate is None else list(self.readers_saturate)}
         if self.error is None:
             e.update({"sqnr_db": None, "problem": self.problem})
         else:

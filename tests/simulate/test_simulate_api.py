@@ -212,3 +212,25 @@ def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path)
     assert "3 not compared: made by Add, a node the float model lacks" in text
     assert "3 not compared: a constant read by Add (not a layer's weight or bias)" in text
     assert text.count("not compared") == 2
+
+
+def test_a_tensor_whose_readers_saturate_is_compared_where_they_see_it(tmp_path):
+    """A HardSwish input changes nothing below -3, where rewrite-eval narrows its range: it is compared
+    clipped to [-3, inf) (no clipping counted, SQNR that of the clipped float tensor), and says so."""
+    from model_builders import Builder, x_data
+
+    b = Builder(opset=17, constants=True, named=False)
+    y = b.conv(b.input("x", ["N", 8, 8, 8]), 8, 8)
+    y = b.conv(b.node("HardSwish", [y]), 8, 8, k=1)
+    model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
+    onnx.save(b.proto([y]), model)
+    x = x_data(16, 8, 8, 8) * 3
+    np.savez(data, x=x)
+    res = simulate(model, data, SimulateConfig(calibration_data=data))
+    (m,) = res.report["models"]
+    (before,) = [a for a in m["activations"] if a["readers_saturate"] is not None]
+    assert before["readers_saturate"] == [-3.0, math.inf]
+    assert before["float_range"][0] == -3.0 and before["quantizer_range"][0] < -3.0
+    assert before["clipped_low"] == 0
+    assert all(a["readers_saturate"] is None for a in m["activations"] if a is not before)
+    assert "* inside the bound where every reader saturates" in res.format_text()
