@@ -88,11 +88,16 @@ def main_model(report: dict) -> dict | None:
     return next((m for m in models if m.get("weight_bits") == 8 and m.get("activation_bits") == 8), models[0])
 
 
+WEIGHT_ROLES = ("weight", "W", "R")  # a layer's weight; an LSTM's input (W) and recurrence (R) weights
+
+
 def _layer_facts(model: dict) -> dict[str, dict]:
     facts: dict[str, dict] = {}
     for w in model["weights"]:
-        if w["role"] == "weight":
-            facts.setdefault(w["layer"], {"op": w["op"]})["weight_sqnr"] = w["sqnr_db"]
+        if w["role"] in WEIGHT_ROLES:  # an LSTM has two (W, R): the worse one speaks for it
+            f = facts.setdefault(w["layer"], {"op": w["op"]})
+            known = [v for v in (f.get("weight_sqnr"), w["sqnr_db"]) if v is not None]
+            f["weight_sqnr"] = min(known) if known else None
     for a in model["activations"]:
         if a.get("layer") in facts and a["sqnr_db"] is not None:
             f = facts[a["layer"]]

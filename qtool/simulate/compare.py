@@ -255,13 +255,14 @@ class FloatReference:
         return self._folded[key]
 
 
-def _weights(qg: g.QuantizedGraph, float_arrays: dict) -> list[WeightError]:
+def _weights(qg: g.QuantizedGraph, float_arrays: dict, lstms: list[g.LstmWeight]) -> list[WeightError]:
+    entries = [(dict(quantizer=w.name, layer=w.layer.name, op=w.layer.op_type, role="weight" if w.index == 1 else "bias",
+                     dtype=g.dtype_name(w.dq.inputs[0]) or g.dtype_name(w.dq.inputs[2] if len(w.dq.inputs) > 2 else None)),
+                w.dequantized(), float_arrays.get(w.name)) for w in qg.weights]
+    entries += [(dict(quantizer=w.name, layer=w.layer, op="LSTM", role="W" if w.index == 1 else "R", dtype=g.dtype_name(w.node.inputs[w.index])),
+                 w.dequantized, w.float_value) for w in lstms]
     out = []
-    for w in qg.weights:
-        deq, ref = w.dequantized(), float_arrays.get(w.name)
-        base = dict(quantizer=w.name, layer=w.layer.name, op=w.layer.op_type,
-                    role="weight" if w.index == 1 else "bias",
-                    dtype=g.dtype_name(w.dq.inputs[0]) or g.dtype_name(w.dq.inputs[2] if len(w.dq.inputs) > 2 else None))
+    for base, deq, ref in entries:
         if deq is None or ref is None:
             out.append(WeightError(**base, problem="no float value to compare with"))
         elif ref.shape != deq.shape:
@@ -293,7 +294,8 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     f_folded = ref.folded(q_graph)
     float_arrays = g.float_weights(f_folded, qg, ref.model.graph) if f_folded is not None else {w.name: None for w in qg.weights}
     layer_of = g.quantizer_layers(qg)
-    acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays))
+    acc = QuantizedAcc(q.name, None, quantized=q,
+                       weights=_weights(qg, float_arrays, g.lstm_weights(q_graph, ref.model.graph)))
     acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:

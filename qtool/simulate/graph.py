@@ -11,7 +11,7 @@ model ``rewrite_eval`` made in memory and for a file given with
   exactly as ``DequantizeLinear`` does.
 - **weight quantizers**: a ``DequantizeLinear`` of a constant read by a layer
   (``Conv``, ``ConvTranspose``, ``Gemm``, ``MatMul``) as its weight (input 1)
-  or bias (input 2).
+  or bias (input 2); the int8 ``W``/``R`` of a ``DynamicQuantizeLSTM`` (``lstm_weights``).
 - **float counterparts**: the tensor of the *float* model that a quantizer
   quantizes. ``rewrite_eval`` names unnamed nodes ``<Op>_<k>`` in graph order
   and keeps the names of the nodes it does not remove, but folding a batch
@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 import onnx_ir as ir
 
-from qtool.model.codec import CONTAINER_RANGE
+from qtool.model.codec import CONTAINER_RANGE, DynamicLstmWeight
 from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
 from qtool.model.constants import constant_array
@@ -114,6 +114,51 @@ class WeightQuantizer:
         """The layer's weight as the model computes it (``DequantizeLinear`` in float32)."""
         codes = quantize_constant(self.q) if self.q is not None else None
         return dequantize_constant(self.dq, codes)
+
+
+@dataclass
+class LstmWeight:
+    """``W`` or ``R`` of a ``com.microsoft.DynamicQuantizeLSTM`` (int8 codes, scales per gate row or per
+    direction) and the float LSTM's weight, both in ONNX's ``[num_directions, 4*hidden, K]`` layout."""
+
+    name: str
+    node: ir.Node
+    layer: str  # the float LSTM's name (the quantized node's when none matches)
+    index: int  # 1: W, 2: R
+    dequantized: np.ndarray | None
+    float_value: np.ndarray | None
+
+
+def _float_lstm(node: ir.Node, lstms: dict[str, ir.Node]) -> ir.Node | None:
+    """The float LSTM a DynamicQuantizeLSTM came from: qtool names it ``<lstm>/lstm_quant/...``,
+    onnxruntime's ``quantize_dynamic`` ``<lstm>_quant``; a model with one LSTM needs no name."""
+    name = node.name or ""
+    for suffix in ("/lstm_quant/DynamicQuantizeLSTM", "_quant", ""):
+        if name.endswith(suffix) and name[: len(name) - len(suffix)] in lstms:
+            return lstms[name[: len(name) - len(suffix)]]
+    return next(iter(lstms.values())) if len(lstms) == 1 else None
+
+
+def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
+    """The int8 weights of every DynamicQuantizeLSTM of ``q_graph``, dequantized as the kernel reads them,
+    with the float weights they stand for."""
+    lstms = {n.name or "": n for n in f_graph if _is(n, "LSTM")}
+    out = []
+    for node in q_graph:
+        if node.domain != "com.microsoft" or node.op_type != "DynamicQuantizeLSTM":
+            continue
+        f = _float_lstm(node, lstms)
+        base = node.name.rsplit("/", 1)[0] if node.name and "/" in node.name else (node.name or "DynamicQuantizeLSTM")
+        for index, what, params in ((1, "W", 8), (2, "R", 10)):
+            codes, scale, zero = (constant_array(node.inputs[i]) if i < len(node.inputs) else None
+                                  for i in (index, params, params + 1))
+            deq = None
+            if codes is not None and scale is not None and codes.ndim == 3:
+                zero = np.zeros(scale.shape, np.int8) if zero is None else zero
+                deq = DynamicLstmWeight(codes, scale.astype(np.float32), zero, None).dequantized()
+            ref = constant_array(f.inputs[index]) if f is not None and index < len(f.inputs) else None
+            out.append(LstmWeight(f"{base}/{what}", node, f.name if f is not None else base, index, deq, ref))
+    return out
 
 
 @dataclass

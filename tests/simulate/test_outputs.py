@@ -218,3 +218,40 @@ def test_a_segmenter_gets_top1_per_pixel_on_its_channel_axis(tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["positions"] == 35
     assert rep["float"]["accuracy"] == pytest.approx(np.mean(_run(path, x).argmax(1) == labels))
+
+
+def test_lstm_weights_are_compared_as_the_kernel_reads_them(tmp_path):
+    """An LSTM becomes DynamicQuantizeLSTM (qtool's, and onnxruntime's quantize_dynamic): its int8 W and
+    R, dequantized in the LSTM's layout, are compared with the float weights, one row each."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from qtool.model.codec import dynamic_lstm_weight
+
+    rng = np.random.default_rng(3)
+    hidden, feat = 6, 5
+    w = rng.normal(0, 0.5, (2, 4 * hidden, feat)).astype(np.float32)
+    r = rng.normal(0, 0.5, (2, 4 * hidden, hidden)).astype(np.float32)
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2], name="/rnn/Transpose"),
+             h.make_node("LSTM", ["xt", "W", "R"], ["Y"], hidden_size=hidden, direction="bidirectional",
+                         name="/rnn/LSTM")]
+    graph = h.make_graph(nodes, "tagger", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 7, feat])],
+                         [h.make_tensor_value_info("Y", TensorProto.FLOAT, [7, 2, "N", hidden])],
+                         [nh.from_array(w, "W"), nh.from_array(r, "R")])
+    path = _save(graph, tmp_path / "lstm.onnx")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=rng.normal(0, 1, (16, 7, feat)).astype(np.float32))
+    ort_q = tmp_path / "lstm.ort.onnx"
+    quantize_dynamic(str(path), str(ort_q), weight_type=QuantType.QInt8)
+    res = simulate(path, data, SimulateConfig(quantized=[ort_q], batch_axis=2))
+    res_qtool = simulate(path, data, SimulateConfig(calibration_data=data, batch_axis=2))
+    for m in (res.report["models"][0], res_qtool.report["models"][0]):
+        rows = {x["role"]: x for x in m["weights"] if x["op"] == "LSTM"}
+        assert set(rows) == {"W", "R"} and all(x["layer"] == "/rnn/LSTM" for x in rows.values()), m["weights"]
+        assert all(x["sqnr_db"] is not None and 30 < x["sqnr_db"] < 60 for x in rows.values())
+    rows = {x["role"]: x for x in res_qtool.report["models"][0]["weights"]}
+    for role, array in (("W", w), ("R", r)):
+        deq = dynamic_lstm_weight(array, bits=8, symmetric=True, per_channel=True).dequantized()
+        err = array.astype(np.float64) - deq
+        want = 10 * np.log10(np.sum(array.astype(np.float64) ** 2) / np.sum(err ** 2))
+        assert rows[role]["sqnr_db"] == pytest.approx(want, rel=1e-9)
+        assert rows[role]["max_abs_error"] == pytest.approx(np.max(np.abs(err)), rel=1e-6)
