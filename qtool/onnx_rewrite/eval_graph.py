@@ -551,7 +551,8 @@ def _conv_to_space_to_depth(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Nod
     found = _fast_kernel_conv(layer, opset)
     attrs = layer.attributes
     if found is None or found[2].ndim != 4 or found[2].shape[1] not in SPACE_TO_DEPTH_CHANNELS \
-            or list(attrs.get_ints("strides", [1, 1])) != [2, 2] or any(d != 1 for d in attrs.get_ints("dilations", [1])) \
+            or list(attrs.get_ints("strides", [1, 1])) != [2, 2] \
+            or any(d != 1 for d in attrs.get_ints("dilations", [1])) \
             or attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
     return found

@@ -34,7 +34,7 @@ from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import DEPTHWISE_CHANNEL_ALIGN
 
 # Below this many pixels the gate's Tile (3-4 us) costs what the broadcast Mul loses: measured on
-# EfficientNet, 14 x 14 gates no gain, 28 x 28 and larger 8-60 % faster Muls.
+# EfficientNet, 14 x 14 gates no gain, 28 x 28 and larger gates 6-56 % faster with the Tile.
 MIN_TILED_PIXELS = 256
 SPACE_TO_DEPTH_CHANNELS = (1, 2)  # input channels of a stride-2 Conv written on its space-to-depth
 _EIGHT = (ir.DataType.UINT8, ir.DataType.INT8)
@@ -94,7 +94,8 @@ def tile_gates(graph: ir.Graph, names: NameScope, initializer: Initializer) -> l
             continue
         for index in (0, 1):
             gate, full = shapes[index], shapes[1 - index]
-            if gate[2:] != (1, 1) or full[2] is None or full[3] is None or full[2] * full[3] < MIN_TILED_PIXELS:
+            if gate[2:] != (1, 1) or gate[1] != full[1] or full[2] is None or full[3] is None \
+                    or full[2] * full[3] < MIN_TILED_PIXELS:
                 continue
             base = names.prefix(f"{mul.name or 'Mul'}/gate_tile", ["Tile", DEQUANTIZE],
                                 ["repeats", "tiled", "dequantized"])
@@ -110,14 +111,17 @@ def tile_gates(graph: ir.Graph, names: NameScope, initializer: Initializer) -> l
     return done
 
 
-def _phase_axis(kernel: int, begin: int) -> tuple[int, int]:
-    """Along one axis of a stride-2 kernel with ``begin`` padding: the space-to-depth block offset of
-    tap 0 (``floor(-begin / 2)``) and the stride-1 kernel size over blocks."""
+def _phase_axis(kernel: int, begin: int, end: int, size: int) -> tuple[int, int, int]:
+    """Along one axis of a stride-2 kernel: the space-to-depth block offset of tap 0 (``floor(-begin / 2)``),
+    the stride-1 kernel size over blocks, and the end pad that keeps the output size (negative: none does)."""
     low, high = (-begin) // 2, (kernel - 1 - begin) // 2
-    return low, high - low + 1
+    blocks = high - low + 1
+    out = (size + begin + end - kernel) // 2 + 1  # = size / 2 - low + new end - blocks + 1
+    return low, blocks, out - size // 2 + low + blocks - 1
 
 
-def space_to_depth_conv(codes: np.ndarray, pads: list[int], size: tuple[int, int]) -> tuple[np.ndarray, list[int]] | None:
+def space_to_depth_conv(codes: np.ndarray, pads: list[int],
+                        size: tuple[int | None, int | None]) -> tuple[np.ndarray, list[int]] | None:
     """A stride-2 Conv (weight codes ``[O, C, kh, kw]``, ``pads`` [top, left, bottom, right]) on an input of
     spatial ``size`` as a stride-1 Conv on the input's ``SpaceToDepth`` (blocksize 2: channel
     ``(2 * row phase + column phase) * C + c``): its weight codes ``[O, 4C, kh', kw']`` and pads; None
@@ -130,12 +134,9 @@ def space_to_depth_conv(codes: np.ndarray, pads: list[int], size: tuple[int, int
     out_c, in_c, kh, kw = codes.shape
     if any(s is None or s % 2 for s in size):
         return None
-    (low_h, kh2), (low_w, kw2) = _phase_axis(kh, pads[0]), _phase_axis(kw, pads[1])
-    ends = []
-    for k, begin, end, n, low, k2 in ((kh, pads[0], pads[2], size[0], low_h, kh2), (kw, pads[1], pads[3], size[1], low_w, kw2)):
-        out = (n + begin + end - k) // 2 + 1
-        ends.append(out - n // 2 + low + k2 - 1)  # new end pad: out = n/2 + (-low) + end' - k2 + 1
-    if min(ends) < 0:
+    (low_h, kh2, end_h), (low_w, kw2, end_w) = (_phase_axis(kh, pads[0], pads[2], size[0]),
+                                                _phase_axis(kw, pads[1], pads[3], size[1]))
+    if min(end_h, end_w) < 0:
         return None
     new = np.zeros((out_c, 4 * in_c, kh2, kw2), codes.dtype)
     for a in range(kh):
@@ -143,7 +144,7 @@ def space_to_depth_conv(codes: np.ndarray, pads: list[int], size: tuple[int, int
             ra, rb = a - pads[0], b - pads[1]
             channels = (2 * (ra % 2) + rb % 2) * in_c + np.arange(in_c)
             new[:, channels, ra // 2 - low_h, rb // 2 - low_w] = codes[:, :, a, b]
-    return new, [-low_h, -low_w, ends[0], ends[1]]
+    return new, [-low_h, -low_w, end_h, end_w]
 
 
 def pools_as_depthwise(graph: ir.Graph, names: NameScope, initializer: Initializer) -> list[dict]:

@@ -83,7 +83,8 @@ def test_a_squeeze_excite_gate_is_tiled_over_the_width_in_uint8(hw, tiled, tmp_p
     b = Builder(opset=17, named=False)
     x, feeds = b.input("x", ["N", 8, hw, hw]), {"x": x_data(4, 8, hw, hw)}
     y = b.node("Relu", [b.bn(b.conv(x, 8, 16), 16)])
-    gate = b.node("Sigmoid", [b.conv(b.node("Relu", [b.conv(b.node("GlobalAveragePool", [y]), 16, 8, k=1)]), 8, 16, k=1)])
+    squeezed = b.node("Relu", [b.conv(b.node("GlobalAveragePool", [y]), 16, 8, k=1)])
+    gate = b.node("Sigmoid", [b.conv(squeezed, 8, 16, k=1)])
     proto = b.proto([b.conv(b.node("Mul", [y, gate]), 16, 16, k=1)])
     ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearMul"])
     assert ops["Tile"] == int(tiled) and result.to_dict()["counts"]["gates_tiled"] == tiled
