@@ -376,7 +376,8 @@ class EvalEncoder:
             return
         x_dq, w_dq, codes = found
         attrs = layer.attributes
-        pads = list(attrs.get_ints("pads", [0] * 4)) if attrs.get_string("auto_pad", "NOTSET") == "NOTSET" else [0] * 4
+        valid = attrs.get_string("auto_pad", "NOTSET") == "VALID"
+        pads = [0] * 4 if valid else list(attrs.get_ints("pads", [0] * 4))
         form = space_to_depth_conv(codes, pads, shape[2:])
         if form is None:
             return
@@ -394,7 +395,6 @@ class EvalEncoder:
         dq = dequantize_node(blocks.outputs[0], x_dq.inputs[1], x_dq.inputs[2], base, None, None)
         self.graph.insert_before(layer, [blocks, dq])
         layer.replace_input_with(0, dq.outputs[0])
-        layer.outputs[0].shape = None
         if not x_dq.outputs[0].uses() and not x_dq.outputs[0].is_graph_output():
             self.graph.remove(x_dq, safe=True)
         self.result.space_to_depth.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
