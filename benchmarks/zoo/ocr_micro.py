@@ -12,7 +12,9 @@ onnxruntime's optimized op list printed, so the number is the kernel's and not t
 - ``AveragePool``: kernel [2, 1] on 128 x 2 x 32 (QLinearAveragePool);
 - ``HardSwish ops``: the elementwise kernels a HardSwish costs in int8 on 64 x 8 x 32 (the float
   model fuses HardSwish into its convolution): a Q/DQ pair alone, then with QLinearAdd (scalar),
-  QLinearMul, and the lookup-table kernels QLinearLeakyRelu and QLinearSigmoid for comparison.
+  QLinearMul, and the lookup-table kernels QLinearLeakyRelu and QLinearSigmoid for comparison;
+- qtool's exact forms of the first two (section 11): the conv on the input's SpaceToDepth (a 2x2
+  stride-1 conv with 4 input channels) and the pool as a depthwise conv with weights 1/2.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from deploy import median_seconds, session_options  # noqa: E402
 
+from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv  # noqa: E402
+
 
 def scalar(name, value, dtype=np.float32):
     return numpy_helper.from_array(np.array(value, dtype), name)
@@ -50,7 +54,7 @@ def model(nodes, inits, shape, out):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def first_conv(quant, per_channel=True, x_zero=0, act=np.uint8):
+def first_conv(quant, per_channel=True, x_zero=0, act=np.uint8, space_to_depth=False):
     rng = np.random.default_rng(0)
     w = (rng.normal(size=(16, 1, 3, 3)) * 0.3).astype(np.float32)
     attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
@@ -64,6 +68,13 @@ def first_conv(quant, per_channel=True, x_zero=0, act=np.uint8):
              numpy_helper.from_array(np.zeros(16 if per_channel else (), np.int8), "wz"),
              scalar("xs", 1 / 255), scalar("xz", x_zero, act), scalar("cs", 0.05), scalar("cz", 60 if act == np.uint8 else -68, act)]
     nodes, x = qdq("x", "xs", "xz", "in")
+    if space_to_depth:  # qtool's form (kernel_forms.space_to_depth_conv): SpaceToDepth codes, 2x2 stride 1
+        wq, pads = space_to_depth_conv(wq, attrs["pads"], (32, 128))
+        inits[0] = numpy_helper.from_array(wq, "wq")
+        attrs = dict(kernel_shape=list(wq.shape[2:]), strides=[1, 1], pads=pads)
+        nodes = [nodes[0], helper.make_node("SpaceToDepth", ["in_q"], ["in_s2d"], blocksize=2),
+                 helper.make_node("DequantizeLinear", ["in_s2d", "xs", "xz"], ["in_s2d_d"])]
+        x = "in_s2d_d"
     nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
               helper.make_node("Conv", [x, "wd"], ["c"], **attrs)]
     more, out = qdq("c", "cs", "cz", "out")
@@ -79,7 +90,14 @@ def average_pool(kind):
     if kind == "qdq":
         return model(nodes, inits, [1, 128, 2, 32], x)
     more, out = qdq("p", "ps", "pz", "out")
-    return model(nodes + [helper.make_node("AveragePool", [x], ["p"], **attrs)] + more, inits, [1, 128, 2, 32], out)
+    if kind == "depthwise":  # qtool's form (kernel_forms.pools_as_depthwise): weights 1/2 (code 1, scale 0.5)
+        inits += [numpy_helper.from_array(np.ones((128, 1, 2, 1), np.int8), "wq"), scalar("ws", 0.5),
+                  scalar("wz", 0, np.int8)]
+        pool = [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+                helper.make_node("Conv", [x, "wd"], ["p"], group=128, **attrs)]
+    else:
+        pool = [helper.make_node("AveragePool", [x], ["p"], **attrs)]
+    return model(nodes + pool + more, inits, [1, 128, 2, 32], out)
 
 
 def hardswish_op(kind):
@@ -106,9 +124,11 @@ CASES = {
     "first conv": ({"float Conv + HardSwish": first_conv(False), "int8": first_conv(True),
                     "int8, per-tensor weights": first_conv(True, per_channel=False),
                     "int8, input zero point 128": first_conv(True, x_zero=128),
-                    "int8 activations (s8s8)": first_conv(True, act=np.int8)}, [1, 1, 32, 128]),
+                    "int8 activations (s8s8)": first_conv(True, act=np.int8),
+                    "int8 on SpaceToDepth (2x2, 4 ch)": first_conv(True, space_to_depth=True)}, [1, 1, 32, 128]),
     "AveragePool [2, 1]": ({"float": average_pool("float"), "Q/DQ only": average_pool("qdq"),
-                            "int8 (Q, QLinearAveragePool, DQ)": average_pool("int8")}, [1, 128, 2, 32]),
+                            "int8 (Q, QLinearAveragePool, DQ)": average_pool("int8"),
+                            "int8 depthwise Conv, weights 1/2": average_pool("depthwise")}, [1, 128, 2, 32]),
     "HardSwish ops (64 x 8 x 32)": ({k: hardswish_op(k) for k in (
         "float HardSwish", "Q/DQ only", "+ QLinearAdd (scalar)", "+ QLinearMul", "+ QLinearLeakyRelu",
         "+ QLinearSigmoid")}, [1, 64, 8, 32]),

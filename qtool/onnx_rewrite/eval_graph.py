@@ -78,6 +78,13 @@ from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, la
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels
+from qtool.onnx_rewrite.kernel_forms import (
+    SPACE_TO_DEPTH_CHANNELS,
+    pools_as_depthwise,
+    space_to_depth_conv,
+    static_shape,
+    tile_gates,
+)
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
 from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
 
@@ -97,6 +104,9 @@ class EvalEncoding:
     scalar_operands: list[dict] = field(default_factory=list)  # Add/Mul constants read through their own DQ
     padded_inputs: list[dict] = field(default_factory=list)  # Convs whose input channels were padded to 4k
     padded_depthwise: list[dict] = field(default_factory=list)  # depthwise Convs widened to 16k channels
+    space_to_depth: list[dict] = field(default_factory=list)  # stride-2 Convs read through a SpaceToDepth
+    tiled_gates: list[dict] = field(default_factory=list)  # squeeze-excite gates tiled over the width
+    depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -355,6 +365,42 @@ class EvalEncoder:
         self.result.padded_inputs.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
                                           "padded_to": int(padded.shape[1]), "pad": pad.name})
 
+    def space_to_depth_input(self, layer: ir.Node) -> None:
+        """A stride-2 Conv with 1 or 2 input channels (a grayscale stem) reads its input codes through a
+        ``SpaceToDepth`` (blocksize 2) and a DequantizeLinear of its own, as the equivalent stride-1 Conv
+        (:func:`~qtool.onnx_rewrite.kernel_forms.space_to_depth_conv`): 4x the channels for onnxruntime's
+        fast integer kernel. Exact: the same integer products are summed."""
+        found = _conv_to_space_to_depth(layer, self.opset)
+        shape = static_shape(self.graph, found[0].outputs[0]) if found is not None else None
+        if shape is None or len(shape) != 4:
+            return
+        x_dq, w_dq, codes = found
+        attrs = layer.attributes
+        valid = attrs.get_string("auto_pad", "NOTSET") == "VALID"
+        pads = [0] * 4 if valid else list(attrs.get_ints("pads", [0] * 4))
+        form = space_to_depth_conv(codes, pads, shape[2:])
+        if form is None:
+            return
+        new_codes, new_pads = form
+        w_dq.inputs[0].const_value = _tensor(new_codes, w_dq.inputs[0].name)
+        w_dq.outputs[0].shape = ir.Shape(new_codes.shape)
+        for name, value in (("kernel_shape", list(new_codes.shape[2:])), ("strides", [1, 1]), ("pads", new_pads)):
+            attrs[name] = ir.AttrInt64s(name, value)
+        attrs.pop("auto_pad", None)
+        base = self.names.prefix(f"{layer.name or 'Conv'}/space_to_depth", ["SpaceToDepth", DEQUANTIZE],
+                                 ["blocks", "dequantized"])
+        blocks = ir.node("SpaceToDepth", [x_dq.inputs[0]], {"blocksize": 2}, name=f"{base}/SpaceToDepth")
+        blocks.outputs[0].name = f"{base}/blocks"
+        blocks.outputs[0].dtype = x_dq.inputs[0].dtype
+        dq = dequantize_node(blocks.outputs[0], x_dq.inputs[1], x_dq.inputs[2], base, None, None)
+        self.graph.insert_before(layer, [blocks, dq])
+        layer.replace_input_with(0, dq.outputs[0])
+        if not x_dq.outputs[0].uses() and not x_dq.outputs[0].is_graph_output():
+            self.graph.remove(x_dq, safe=True)
+        self.result.space_to_depth.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
+                                           "kernel": list(new_codes.shape[2:]), "pads": new_pads,
+                                           "space_to_depth": blocks.name})
+
     # --- activations -------------------------------------------------------------------------
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
@@ -445,6 +491,11 @@ class EvalEncoder:
             self.pad_input_channels(match.layer)
         if self.config.activation_bits == 8:
             self.result.padded_depthwise = pad_depthwise_channels(self.graph)
+            for match in self.plan.layers:
+                self.space_to_depth_input(match.layer)
+            # after the widening: a Tile would stop it at the squeeze-excite Mul
+            self.result.tiled_gates = tile_gates(self.graph, self.names, self.initializer)
+            self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result
@@ -467,9 +518,9 @@ SYM_CONV_MIN_OUTPUTS = 16
 SYM_CONV_OUTPUT_ALIGN = 8
 
 
-def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:
-    """``(input DQ, weight DQ, weight codes)`` of a Conv whose input channels onnxruntime's fast integer
-    kernel would take once padded to a multiple of 4, else None."""
+def _fast_kernel_conv(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:
+    """``(input DQ, weight DQ, weight codes)`` of a group-1 integer Conv that onnxruntime's fast kernel would
+    take but for its input channels (int8 weights of zero point 0, output channels), else None."""
     if layer.domain != "" or layer.op_type != "Conv" or group_of(layer) != 1 or opset < 11:
         return None
     x_dq, w = _input_dq(layer), layer_weight(layer)
@@ -480,11 +531,31 @@ def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarr
     x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
     if codes is None or codes.dtype != np.int8 or codes.ndim < 3 or zero is None or np.any(zero != 0) or x_zero is None:
         return None
-    extra = -codes.shape[1] % SYM_CONV_INPUT_ALIGN
-    if extra == 0 or 3 * extra > codes.shape[1] or codes.shape[0] < SYM_CONV_MIN_OUTPUTS \
-            or codes.shape[0] % SYM_CONV_OUTPUT_ALIGN or len(w.uses()) != 1 or len(w_dq.inputs[0].uses()) != 1:
+    if codes.shape[0] < SYM_CONV_MIN_OUTPUTS or codes.shape[0] % SYM_CONV_OUTPUT_ALIGN or len(w.uses()) != 1 \
+            or len(w_dq.inputs[0].uses()) != 1:
         return None
     return x_dq, w_dq, codes
+
+
+def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:
+    """:func:`_fast_kernel_conv` of a Conv whose input channels onnxruntime's fast integer kernel would take
+    once padded to a multiple of 4, else None."""
+    found = _fast_kernel_conv(layer, opset)
+    extra = -found[2].shape[1] % SYM_CONV_INPUT_ALIGN if found is not None else 0
+    return found if extra and 3 * extra <= found[2].shape[1] else None
+
+
+def _conv_to_space_to_depth(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:
+    """:func:`_fast_kernel_conv` of a 2-d stride-2 Conv with 1 or 2 input channels (not padded: 1 -> 4
+    channels made the OCR recognizer slower), else None."""
+    found = _fast_kernel_conv(layer, opset)
+    attrs = layer.attributes
+    if found is None or found[2].ndim != 4 or found[2].shape[1] not in SPACE_TO_DEPTH_CHANNELS \
+            or list(attrs.get_ints("strides", [1, 1])) != [2, 2] \
+            or any(d != 1 for d in attrs.get_ints("dilations", [1])) \
+            or attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    return found
 
 
 def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node, int] | None:

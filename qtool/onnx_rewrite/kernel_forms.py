@@ -1,0 +1,180 @@
+"""Exact eval-graph forms that onnxruntime's (1.32) integer kernels run faster.
+
+Measured in ``benchmarks/zoo/FINDINGS.md`` section 11; each changes the kernels onnxruntime picks,
+not the integers they compute (the int8 outputs are identical to the bit):
+
+- :func:`tile_gates`: a squeeze-excite gate ``[N, C, 1, 1]`` multiplying ``[N, C, H, W]``. onnxruntime
+  runs the integer graph in NHWC, where its QLinearMul of ``[1, H, W, C] x [1, 1, 1, C]`` makes one
+  kernel call per pixel (C elements each: 112 x 112 x 32, 224 us against 89 us for the same-shape
+  Mul). The gate's codes go through a uint8 ``Tile`` over the width (``[N, C, 1, W]``, H calls of W x C
+  elements): onnxruntime's transpose optimizer moves Tile into NHWC (an ``Expand`` it cannot, and
+  kept the graph NCHW around it with 24 more Transposes on EfficientNet).
+- :func:`space_to_depth_conv`: a stride-2 Conv with 1 or 2 input channels (a grayscale stem) runs in
+  im2col + GEMM, not the fast symmetric kernel (input channels a multiple of 4). The same
+  convolution on the input's space-to-depth (``SpaceToDepth`` blocksize 2 of the uint8 codes: 4x the
+  channels at half the resolution) is a stride-1 Conv whose weights hold the taps at their phase
+  (zeros elsewhere) with the pads halved; it takes the fast kernel.
+- :func:`pools_as_depthwise`: an ``AveragePool`` over two elements (kernel ``[2, 1]`` / ``[1, 2]``,
+  no pads) becomes a depthwise Conv with weights 1/2 (int8 code 1, scale 0.5): ``x * 0.5 + y * 0.5``
+  equals ``(x + y) / 2`` in float, so the QDQ graph computes the same values, and onnxruntime's fast
+  depthwise QLinearConv replaces its QLinearAveragePool (4x faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.model.codec import DEQUANTIZE, QUANTIZE, dequantize_node, is_onnx, value_dtype
+from qtool.model.constants import constant_array, remove_if_unused
+from qtool.model.names import NameScope
+from qtool.model.opset import inferred_shapes
+from qtool.onnx_rewrite.channel_padding import DEPTHWISE_CHANNEL_ALIGN
+
+# Below this many pixels the gate's Tile (3-4 us) costs what the broadcast Mul loses: measured on
+# EfficientNet, 14 x 14 gates no gain, 28 x 28 and larger gates 6-56 % faster with the Tile.
+MIN_TILED_PIXELS = 256
+SPACE_TO_DEPTH_CHANNELS = (1, 2)  # input channels of a stride-2 Conv written on its space-to-depth
+_EIGHT = (ir.DataType.UINT8, ir.DataType.INT8)
+
+Initializer = Callable[[str, np.ndarray], ir.Value]
+
+
+def static_shape(graph: ir.Graph, value: ir.Value) -> tuple | None:
+    """``value``'s shape (None for symbolic dims) from the graph or onnx shape inference, looking
+    through Q/DQ to the float tensor they encode (inference ran before they existed)."""
+    shapes = inferred_shapes(graph)
+    while value is not None:
+        if value.shape is not None:
+            return tuple(d if isinstance(d, int) else None for d in value.shape)
+        if value.name in shapes:
+            return shapes[value.name]
+        producer = value.producer()
+        if producer is None or not is_onnx(producer, QUANTIZE, DEQUANTIZE):
+            return None
+        value = producer.inputs[0]
+    return None
+
+
+def per_tensor_dq(value: ir.Value | None) -> ir.Node | None:
+    """The DequantizeLinear of 8-bit codes with a scalar scale and zero point that ``value`` comes from."""
+    dq = value.producer() if value is not None else None
+    if dq is None or not is_onnx(dq, DEQUANTIZE) or value_dtype(dq.inputs[0]) not in _EIGHT or len(dq.inputs) < 3:
+        return None
+    params = [constant_array(v) for v in dq.inputs[1:]]
+    return dq if all(p is not None and p.size == 1 for p in params) else None
+
+
+def _only_quantized(value: ir.Value) -> bool:
+    """onnxruntime fuses ``DQ -> op -> Q`` into an integer kernel only when the Q is the op's sole reader."""
+    uses = list(value.uses())
+    return len(uses) == 1 and is_onnx(uses[0][0], QUANTIZE) and not value.is_graph_output()
+
+
+def _read_through(graph: ir.Graph, node: ir.Node, index: int, codes: ir.Value, dq: ir.Node, base: str) -> None:
+    """``node`` reads ``codes`` (new codes of ``dq``'s parameters) through a DequantizeLinear of its own."""
+    new_dq = dequantize_node(codes, dq.inputs[1], dq.inputs[2], base, None, None)
+    graph.insert_before(node, [codes.producer(), new_dq])
+    node.replace_input_with(index, new_dq.outputs[0])
+    remove_if_unused(graph, [dq])
+
+
+def tile_gates(graph: ir.Graph, names: NameScope, initializer: Initializer) -> list[dict]:
+    """Every integer ``Mul`` of ``[N, C, H, W]`` by a gate ``[N, C, 1, 1]`` (H x W >= MIN_TILED_PIXELS,
+    W static) reads the gate's codes tiled over the width (module docstring); returns what was tiled."""
+    done = []
+    for mul in list(graph):
+        if not is_onnx(mul, "Mul") or len(mul.inputs) != 2 or not _only_quantized(mul.outputs[0]):
+            continue
+        dqs = [per_tensor_dq(v) for v in mul.inputs]
+        shapes = [static_shape(graph, v) for v in mul.inputs]
+        if None in dqs or None in shapes or any(len(s) != 4 for s in shapes):
+            continue
+        for index in (0, 1):
+            gate, full = shapes[index], shapes[1 - index]
+            if gate[2:] != (1, 1) or gate[1] != full[1] or full[2] is None or full[3] is None \
+                    or full[2] * full[3] < MIN_TILED_PIXELS:
+                continue
+            base = names.prefix(f"{mul.name or 'Mul'}/gate_tile", ["Tile", DEQUANTIZE],
+                                ["repeats", "tiled", "dequantized"])
+            tile = ir.node("Tile", [dqs[index].inputs[0], initializer(f"{base}/repeats",
+                                                                        np.array([1, 1, 1, full[3]], np.int64))],
+                           name=f"{base}/Tile")
+            tile.outputs[0].name = f"{base}/tiled"
+            tile.outputs[0].dtype = value_dtype(dqs[index].inputs[0])
+            _read_through(graph, mul, index, tile.outputs[0], dqs[index], base)
+            done.append({"mul": mul.name, "gate": list(gate[1:]), "tiled_to": [gate[1], 1, full[3]],
+                         "tile": tile.name})
+            break
+    return done
+
+
+def _phase_axis(kernel: int, begin: int, end: int, size: int) -> tuple[int, int, int]:
+    """Along one axis of a stride-2 kernel: the space-to-depth block offset of tap 0 (``floor(-begin / 2)``),
+    the stride-1 kernel size over blocks, and the end pad that keeps the output size (negative: none does)."""
+    low, high = (-begin) // 2, (kernel - 1 - begin) // 2
+    blocks = high - low + 1
+    out = (size + begin + end - kernel) // 2 + 1  # = size / 2 - low + new end - blocks + 1
+    return low, blocks, out - size // 2 + low + blocks - 1
+
+
+def space_to_depth_conv(codes: np.ndarray, pads: list[int],
+                        size: tuple[int | None, int | None]) -> tuple[np.ndarray, list[int]] | None:
+    """A stride-2 Conv (weight codes ``[O, C, kh, kw]``, ``pads`` [top, left, bottom, right]) on an input of
+    spatial ``size`` as a stride-1 Conv on the input's ``SpaceToDepth`` (blocksize 2: channel
+    ``(2 * row phase + column phase) * C + c``): its weight codes ``[O, 4C, kh', kw']`` and pads; None
+    when a size is odd or the stride-1 form would need negative pads.
+
+    Output row ``i`` of the stride-2 Conv reads input row ``2i + a - top`` with tap ``a``: block row
+    ``i + floor((a - top) / 2)`` at phase ``(a - top) mod 2``. Every tap lands on one block offset and
+    phase; the other (offset, phase) pairs get weight 0, and the padded rows hold the zero point in both
+    forms, so the integer sums are the same."""
+    out_c, in_c, kh, kw = codes.shape
+    if any(s is None or s % 2 for s in size):
+        return None
+    (low_h, kh2, end_h), (low_w, kw2, end_w) = (_phase_axis(kh, pads[0], pads[2], size[0]),
+                                                _phase_axis(kw, pads[1], pads[3], size[1]))
+    if min(end_h, end_w) < 0:
+        return None
+    new = np.zeros((out_c, 4 * in_c, kh2, kw2), codes.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            ra, rb = a - pads[0], b - pads[1]
+            channels = (2 * (ra % 2) + rb % 2) * in_c + np.arange(in_c)
+            new[:, channels, ra // 2 - low_h, rb // 2 - low_w] = codes[:, :, a, b]
+    return new, [-low_h, -low_w, end_h, end_w]
+
+
+def pools_as_depthwise(graph: ir.Graph, names: NameScope, initializer: Initializer) -> list[dict]:
+    """Every integer two-element ``AveragePool`` (no pads, channels a multiple of 16: onnxruntime's fast
+    depthwise kernel) becomes a depthwise Conv of weights 1/2 (module docstring); returns what was."""
+    done = []
+    for pool in list(graph):
+        if not is_onnx(pool, "AveragePool") or not _only_quantized(pool.outputs[0]):
+            continue
+        attrs = pool.attributes
+        kernel = list(attrs.get_ints("kernel_shape", []))
+        shape = static_shape(graph, pool.inputs[0]) if per_tensor_dq(pool.inputs[0]) else None
+        if shape is None or len(kernel) != 2 or int(np.prod(kernel)) != 2 or len(shape) != 4 \
+                or shape[1] is None or shape[1] % DEPTHWISE_CHANNEL_ALIGN or any(attrs.get_ints("pads", [0])) \
+                or attrs.get_int("ceil_mode", 0) or any(d != 1 for d in attrs.get_ints("dilations", [1])) \
+                or attrs.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            continue
+        channels = shape[1]
+        base = names.prefix(f"{pool.name or 'AveragePool'}/depthwise", ["Conv", DEQUANTIZE],
+                            ["weights", "scale", "zero_point", "dequantized"])
+        weights = dequantize_node(initializer(f"{base}/weights", np.ones((channels, 1, *kernel), np.int8)),
+                                  initializer(f"{base}/scale", np.array(0.5, np.float32)),
+                                  initializer(f"{base}/zero_point", np.array(0, np.int8)), base, None, None)
+        conv = ir.node("Conv", [pool.inputs[0], weights.outputs[0]],
+                       {"kernel_shape": kernel, "strides": list(attrs.get_ints("strides", [1, 1])), "group": channels},
+                       name=f"{base}/Conv")
+        graph.insert_before(pool, [weights, conv])
+        name = pool.outputs[0].name
+        pool.outputs[0].replace_all_uses_with(conv.outputs[0])
+        graph.remove(pool, safe=True)
+        conv.outputs[0].name = name
+        done.append({"pool": pool.name, "kernel": kernel, "channels": channels, "conv": conv.name})
+    return done

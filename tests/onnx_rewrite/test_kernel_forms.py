@@ -1,0 +1,113 @@
+"""Exact eval-graph forms for onnxruntime's faster integer kernels (``onnx_rewrite/kernel_forms.py``).
+
+Each rewrite changes which kernels onnxruntime runs, not the integers: the int8 model's outputs are
+compared to the bit with the same model written without the rewrite. No test times anything
+(benchmarks/zoo/FINDINGS.md section 11 has the measurements)."""
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from model_builders import Builder, x_data
+from test_placement_integer import check_integer, optimized_ops, quantize
+
+from qtool.onnx_rewrite.eval_graph import EvalEncoder
+from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
+
+
+def int_conv(x, w, stride, pads):
+    """Integer cross-correlation of ``x`` [C, H, W] with ``w`` [O, C, kh, kw]."""
+    x = np.pad(x, [(0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    kh, kw = w.shape[2:]
+    rows, cols = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((w.shape[0], rows, cols), np.int64)
+    for i in range(rows):
+        for j in range(cols):
+            patch = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            out[:, i, j] = np.tensordot(w, patch, axes=3)
+    return out
+
+
+def space_to_depth(x):
+    c, h, w = x.shape
+    return x.reshape(c, h // 2, 2, w // 2, 2).transpose(2, 4, 0, 1, 3).reshape(4 * c, h // 2, w // 2)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+@pytest.mark.parametrize("k, pads", [(3, [1, 1, 1, 1]), (3, [0, 0, 0, 0]), (3, [1, 0, 0, 1]), (2, [0, 0, 0, 0]),
+                                     (4, [1, 1, 1, 1]), (5, [2, 2, 2, 2]), (1, [0, 0, 0, 0])])
+def test_a_stride_2_conv_equals_the_stride_1_conv_on_its_space_to_depth(channels, k, pads):
+    rng = np.random.default_rng(k)
+    x = rng.integers(-128, 128, (channels, 12, 18))
+    w = rng.integers(-127, 128, (8, channels, k, k)).astype(np.int8)
+    new_w, new_pads = space_to_depth_conv(w, pads, (12, 18))
+    assert new_w.shape[1] == 4 * channels
+    np.testing.assert_array_equal(int_conv(space_to_depth(x), new_w.astype(np.int64), 1, new_pads),
+                                  int_conv(x, w.astype(np.int64), 2, pads))
+
+
+def test_space_to_depth_needs_even_sizes_and_pads_it_can_keep():
+    w = np.ones((8, 1, 3, 3), np.int8)
+    assert space_to_depth_conv(w, [1, 1, 1, 1], (13, 18)) is None
+    assert space_to_depth_conv(w, [0, 0, 0, 0], (12, None)) is None
+
+
+def outputs(models, feeds):
+    return [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            for m in models]
+
+
+@pytest.mark.parametrize("channels, hw, rewritten", [(1, 16, True), (2, 16, True), (1, 15, False)])
+def test_a_grayscale_stride_2_stem_reads_its_input_through_space_to_depth(channels, hw, rewritten, tmp_path,
+                                                                           monkeypatch):
+    """onnxruntime's fast QLinearConv needs input channels a multiple of 4: a 1-channel stride-2 stem ran
+    im2col + GEMM at 2.7x its float time. On the input's space-to-depth (4 channels at half the size) it is
+    a stride-1 Conv the fast kernel takes; the outputs are the same to the bit."""
+    b = Builder(opset=17, named=False)
+    x, feeds = b.input("x", ["N", channels, hw, 2 * hw]), {"x": x_data(4, channels, hw, 2 * hw)}
+    y = b.node("Relu", [b.bn(b.conv(x, channels, 16, strides=[2, 2]), 16)])
+    proto = b.proto([b.conv(y, 16, 16)])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["SpaceToDepth"] == int(rewritten) and result.to_dict()["counts"]["convs_on_space_to_depth"] == rewritten
+    monkeypatch.setattr(EvalEncoder, "space_to_depth_input", lambda self, layer: None)
+    plain, _ = quantize(proto, feeds)
+    np.testing.assert_array_equal(*outputs([ir.serde.serialize_model(result.model), plain], feeds))
+
+
+@pytest.mark.parametrize("hw, tiled", [(16, True), (8, False)])
+def test_a_squeeze_excite_gate_is_tiled_over_the_width_in_uint8(hw, tiled, tmp_path, monkeypatch):
+    """In NHWC onnxruntime's QLinearMul of [1, H, W, C] by [1, 1, 1, C] makes one call per pixel: the gate's
+    codes are tiled to [N, C, 1, W] first (a Tile its layout optimizer keeps in NHWC: no more Transposes),
+    where the map has at least 256 pixels."""
+    b = Builder(opset=17, named=False)
+    x, feeds = b.input("x", ["N", 8, hw, hw]), {"x": x_data(4, 8, hw, hw)}
+    y = b.node("Relu", [b.bn(b.conv(x, 8, 16), 16)])
+    squeezed = b.node("Relu", [b.conv(b.node("GlobalAveragePool", [y]), 16, 8, k=1)])
+    gate = b.node("Sigmoid", [b.conv(squeezed, 8, 16, k=1)])
+    proto = b.proto([b.conv(b.node("Mul", [y, gate]), 16, 16, k=1)])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearMul"])
+    assert ops["Tile"] == int(tiled) and result.to_dict()["counts"]["gates_tiled"] == tiled
+    monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.tile_gates", lambda graph, names, initializer: [])
+    plain, _ = quantize(proto, feeds)
+    assert optimized_ops(plain, tmp_path)["Transpose"] == ops["Transpose"]
+    np.testing.assert_array_equal(*outputs([ir.serde.serialize_model(result.model), plain], feeds))
+
+
+@pytest.mark.parametrize("kernel, rewritten", [([2, 1], True), ([1, 2], True), ([2, 2], False)])
+def test_a_two_element_average_pool_runs_as_a_depthwise_conv(kernel, rewritten, tmp_path, monkeypatch):
+    """onnxruntime's QLinearAveragePool was 4x slower than its fast depthwise QLinearConv: a two-element
+    AveragePool becomes a depthwise Conv of weights 1/2 (x * 0.5 + y * 0.5 == (x + y) / 2 in float), the
+    outputs the same to the bit."""
+    b = Builder(opset=17, named=False)
+    x, feeds = b.input("x", ["N", 8, 8, 16]), {"x": x_data(4, 8, 8, 16)}
+    y = b.node("Relu", [b.bn(b.conv(x, 8, 16), 16)])
+    y = b.node("AveragePool", [y], kernel_shape=kernel, strides=kernel)
+    proto = b.proto([b.conv(y, 16, 16)])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["QLinearAveragePool"] == int(not rewritten)
+    assert result.to_dict()["counts"]["pools_as_depthwise"] == rewritten
+    monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.pools_as_depthwise", lambda graph, names, initializer: [])
+    plain, _ = quantize(proto, feeds)
+    np.testing.assert_array_equal(*outputs([ir.serde.serialize_model(result.model), plain], feeds))
+    assert onnx.checker.check_model(ir.serde.serialize_model(result.model)) is None
