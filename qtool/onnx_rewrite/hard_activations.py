@@ -25,11 +25,11 @@ into QLinearMul. MobileNetV3 (224 px): 0.87x -> 0.72x float, accuracy unchanged.
   output range [0, 1] and lists it in ``plan.integer_gates``;
 - the eval encoding (``eval_graph``) writes the Add in the HardSigmoid's place;
 - the training graph (``train_graph.TrainEncoder``) computes that gate in the eval graph's float32
-  operations: ``Add(x, beta/alpha) -> Div(s/alpha)`` (QuantizeLinear's
-  quotient) ``-> Clip(0, 255) -> FakeQuant`` on the levels (range [0, 255], scale 1: the rounding
-  alone) ``-> Mul(s)`` (the DequantizeLinear), so fine-tuning trains what deploys, bit for bit
-  with ``--round-mode half_to_even``. ``fq[0,1](HardSigmoid(x))``, equal in exact arithmetic,
-  rounds differently in float32 near ties, and ``level * (s/alpha) * alpha`` is not ``level * s``.
+  operations: ``Add(x, beta/alpha) -> Div(s/alpha)`` (QuantizeLinear's quotient) ``-> Clip(0, 255)
+  -> FakeQuant`` on the levels (range [0, 255], scale 1: the rounding alone) ``-> Mul(s)`` (the
+  DequantizeLinear), so fine-tuning trains what deploys, bit for bit with ``--round-mode
+  half_to_even``. ``fq[0,1](HardSigmoid(x))`` is equal in exact arithmetic but rounds differently
+  in float32 near ties, and ``level * (s/alpha) * alpha`` is not ``level * s``.
 
 Only with 8-bit unsigned activations (the default): a signed grid has no saturation at 0, and
 onnxruntime's QLinearAdd/QLinearMul are 8-bit kernels.
