@@ -138,7 +138,7 @@ def measure(name: str, mode: str, folder: Path, samples: int, batch: int) -> dic
         row[f"sqnr_{label}"] = sqnr(reference, got)
         row[f"differ_{label}"] = float(np.mean(reference != got))
     # both graphs as written: onnxruntime's fusions of float ops (LayerNormalization, GELU, attention) in the
-    # training graph round differently from the same ops run one by one
+    # training graph round differently from the same ops run one by one (``got``: the loop's last, no-opt)
     plain = _run(train, [output], feeds, batch, optimize=False)[output]
     row["sqnr_both_no_opt"] = sqnr(plain, got)
     row["differ_both_no_opt"] = float(np.mean(plain != got))
