@@ -129,3 +129,30 @@ def save(model: onnx.ModelProto, path) -> str:
 
 def x_data(*shape) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
+
+
+# --- HardSwish and HardSigmoid on the ties of their integer gates -----------------------------------------------
+def gate_model() -> onnx.ModelProto:
+    """x [N, 1, 4, 4] -> Conv 1x1 (w = 1) -> y; HardSwish(y) * HardSigmoid(y; 0.2, 0.5) (an older exporter's
+    alpha) -> Conv 3x3 -> out. Constant-node weights, unnamed nodes, dynamic batch."""
+    b = Builder(opset=17, constants=True, named=False)
+    y = b.node("Conv", [b.input("x", ["N", 1, 4, 4]), b.const(np.ones((1, 1, 1, 1), np.float32))], kernel_shape=[1, 1])
+    gated = b.node("Mul", [b.node("HardSwish", [y]), b.node("HardSigmoid", [y], alpha=0.2, beta=0.5)])
+    return b.proto([b.conv(gated, 1, 2)])
+
+
+def gate_calibration() -> dict:
+    """x (and y = x) calibrated on [-3, 3] exactly."""
+    x = np.concatenate([[-3, 3], np.random.default_rng(1).uniform(-3, 3, 62)])
+    return {"x": x.astype(np.float32).reshape(4, 1, 4, 4)}
+
+
+def gate_inputs() -> np.ndarray:
+    """Every level of the [-3, 3] grid (x's and y's, :func:`gate_calibration`): its zero point is 128 (3 / scale
+    = 127.5, rounded away from zero), so y + 3 = (k - 0.5) * scale and the HardSwish gate's quotient by its
+    scale 6/255 is a tie or within a few ulps of one for every level."""
+    from qtool.kernels import nudged_range
+
+    _, _, scale, zp = nudged_range(np.float32(-3), np.float32(3), num_bits=8)
+    assert zp == 128
+    return ((np.arange(256) - zp).astype(np.float32) * np.float32(scale)).reshape(16, 1, 4, 4)

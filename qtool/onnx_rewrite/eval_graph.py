@@ -78,6 +78,7 @@ from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, la
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels
+from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
     SPACE_TO_DEPTH_CHANNELS,
     pools_as_depthwise,
@@ -291,12 +292,11 @@ class EvalEncoder:
             self.result.notes.append(f"HardSigmoid '{node.name}': left in float (its output is not read by "
                                      "its quantizer alone)")
             return
-        alpha = np.float32(float_attr(node, "alpha", 0.2))
-        beta = np.float32(float_attr(node, "beta", 0.5))
+        alpha, beta = gate_parameters(node)
+        shift, q_scale = gate_shift(alpha, beta), np.float32(scale.reshape(-1)[0]) / alpha
         base = self.names.prefix(f"{node.name or 'HardSigmoid'}/integer_quant", [DEQUANTIZE, "Add"],
                                  ["shift_quantized", "shift_scale", "shift_zero_point", "dequantized", "sum",
                                   "scale"])
-        shift = np.float32(beta / alpha)
         dq = dequantize_node(self.initializer(f"{base}/shift_quantized", np.array(1, np.uint8)),
                              self.initializer(f"{base}/shift_scale", np.array(shift)),
                              self.initializer(f"{base}/shift_zero_point", np.array(0, np.uint8)), base, None, ())
@@ -304,7 +304,6 @@ class EvalEncoder:
         add.outputs[0].name = f"{base}/sum"
         self.graph.insert_before(node, [dq, add])
         q.replace_input_with(0, add.outputs[0])
-        q_scale = np.float32(scale.reshape(-1)[0]) / alpha
         q.replace_input_with(1, self.initializer(f"{base}/scale", np.array(q_scale, np.float32)))
         self.graph.remove(node, safe=True)
         self.result.integer_gates.append({"node": node.name, "alpha": float(alpha), "beta": float(beta),

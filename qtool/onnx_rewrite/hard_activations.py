@@ -22,10 +22,14 @@ into QLinearMul. MobileNetV3 (224 px): 0.87x -> 0.72x float, accuracy unchanged.
   (``Clip(x + 3, 0, 6) / 6``, ``x * Clip(x + 3, 0, 6) / 6``) becomes the same ops first
   (:func:`written_out`).
 - the placement (``placement.integer``) gives a HardSigmoid of a quantized tensor the fixed
-  output range [0, 1] and lists it in ``plan.integer_gates``; the training graph fake-quantizes
-  that output on [0, 1] (the same grid: ``fq[0,1](HardSigmoid(x)) = alpha * fq[0,1/alpha](x +
-  beta/alpha)``), so fine-tuning trains what deploys;
-- the eval encoding (``eval_graph``) writes the Add in the HardSigmoid's place.
+  output range [0, 1] and lists it in ``plan.integer_gates``;
+- the eval encoding (``eval_graph``) writes the Add in the HardSigmoid's place;
+- the training graph (``train_graph.TrainEncoder``) computes that gate in the eval graph's float32
+  operations: ``Add(x, beta/alpha) -> Div(s/alpha)`` (QuantizeLinear's quotient) ``-> Clip(0, 255)
+  -> FakeQuant`` on the levels (range [0, 255], scale 1: the rounding alone) ``-> Mul(s)`` (the
+  DequantizeLinear), so fine-tuning trains what deploys, bit for bit with ``--round-mode
+  half_to_even``. ``fq[0,1](HardSigmoid(x))`` is equal in exact arithmetic but rounds differently
+  in float32 near ties, and ``level * (s/alpha) * alpha`` is not ``level * s``.
 
 Only with 8-bit unsigned activations (the default): a signed grid has no saturation at 0, and
 onnxruntime's QLinearAdd/QLinearMul are 8-bit kernels.
@@ -33,15 +37,28 @@ onnxruntime's QLinearAdd/QLinearMul are 8-bit kernels.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from qtool.config import QuantConfig
 from qtool.model.constants import clip_bounds, constant_array, constant_source, remove_if_unused
 from qtool.model.graph import take_over
+from qtool.model.layers import float_attr
 from qtool.model.names import NameScope
 
 HARD_SWISH_ALPHA, HARD_SWISH_BETA = 1.0 / 6.0, 0.5
 GATE_RANGE = (0.0, 1.0)
+
+
+def gate_parameters(node: ir.Node) -> tuple[np.float32, np.float32]:
+    """A HardSigmoid's ``(alpha, beta)`` in float32 (ONNX's defaults 0.2 and 0.5)."""
+    return np.float32(float_attr(node, "alpha", 0.2)), np.float32(float_attr(node, "beta", 0.5))
+
+
+def gate_shift(alpha, beta) -> np.float32:
+    """The integer gate's shift ``beta/alpha`` in float32, as the eval graph writes it (its QuantizeLinear's
+    scale is ``float32(s / alpha)``, ``s`` the scale of the [0, 1] range)."""
+    return np.float32(np.float32(beta) / np.float32(alpha))
 
 
 def uses_integer_gates(config: QuantConfig) -> bool:

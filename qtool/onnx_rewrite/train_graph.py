@@ -17,6 +17,12 @@ of the model, so both rewrites place quantizers by the same rules) becomes:
 
   and ``FakeQuant(x, min', max')`` uses the updated values (TF consumes the
   assign outputs), also during the quant delay.
+- **integer HardSigmoid gates** (``plan.integer_gates``, ``hard_activations``): the gate
+  ``g = HardSigmoid(x)``, whose range is the fixed [0, 1] (constants ``<quantizer>/min``,
+  ``/max``; scale ``s``), is computed from ``x`` in the eval graph's float32 operations,
+  ``Mul(FakeQuant(Clip(Div(Add(x, beta/alpha), s/alpha), 0, 255), 0, 255), s)``; the FakeQuant
+  on the levels has scale 1 and only rounds. ``HardSigmoid(x)`` stays in the graph: the quant
+  delay's ``Where`` reads it, and removing the quantizer gives its readers back to it.
 - **quant delay**: ``Where(qtool_step >= quant_delay, FakeQuant(x), x)``
   when ``quant_delay > 0``.
 - **state**: every state initializer is also a graph input (so a training
@@ -47,6 +53,7 @@ from qtool.config import QuantConfig
 from qtool.model.codec import symmetric_ratio, widen
 from qtool.model.io import load_model
 from qtool.model.validate import check_finite_parameters
+from qtool.onnx_rewrite.hard_activations import gate_shift
 
 METADATA_KEY = "qtool.training"
 CONTRACT_VERSION = 1
@@ -79,6 +86,7 @@ class TrainActivationPoint:
     key: str | None = None  # the key others share it by (its tensor, or its group)
     batch_values: list[ir.Value] = field(default_factory=list)  # a group's tensors: one EMA over their union
     bound: tuple[float, float] | None = None  # the batch range is clipped to it (ActivationPoint.bound)
+    gate: tuple[float, float] | None = None  # an integer HardSigmoid gate: its (alpha, beta)
 
 
 @dataclass
@@ -134,15 +142,43 @@ class TrainEncoder:
         zero = ops.const(f"{base}/zero", np.float32(0))
         return (ops.op("Min", [lo, zero], f"{base}/range_min"), ops.op("Max", [hi, zero], f"{base}/range_max"))
 
-    def _fake_quant(self, x: ir.Value, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
-        ops = self.ops
+    def _fake_quant_node(self, x: ir.Value, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
         attributes = {"num_bits": int(bits), "narrow_range": int(narrow)}
         if self.config.half_to_even:  # absent: TF's half up (the function's default)
             attributes["half_to_even"] = 1
-        out = ops.op(fqf.NAME, [x, lo, hi], f"{base}/FakeQuant", attributes, domain=fqf.DOMAIN, shape=x.shape)
-        if self.active is not None:
-            out = ops.op("Where", [self.active, out, x], f"{base}/delayed_quant", shape=x.shape)
-        return out
+        return self.ops.op(fqf.NAME, [x, lo, hi], f"{base}/FakeQuant", attributes, domain=fqf.DOMAIN, shape=x.shape)
+
+    def _delayed(self, quantized: ir.Value, x: ir.Value, base: str) -> ir.Value:
+        """``quantized`` once the quant delay has passed, ``x`` before."""
+        if self.active is None:
+            return quantized
+        return self.ops.op("Where", [self.active, quantized, x], f"{base}/delayed_quant", shape=x.shape)
+
+    def _fake_quant(self, x: ir.Value, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
+        return self._delayed(self._fake_quant_node(x, lo, hi, bits, narrow, base), x, base)
+
+    def _integer_gate(self, gate: ir.Value, lo: ir.Value, hi: ir.Value, alpha_beta, base: str) -> ir.Value:
+        """The eval graph's integer HardSigmoid (``EvalEncoder.encode_gate``) op by op, from the HardSigmoid's
+        input ``x``: ``Add(x, beta/alpha)``, QuantizeLinear's quotient by ``s/alpha`` (``s``: the scale of the
+        gate's range ``[lo, hi]``), its saturation ``Clip(0, 255)`` and rounding (a FakeQuant on the levels:
+        range [0, 255], scale 1), the DequantizeLinear's ``Mul(s)``; ``HardSigmoid(x)`` during the quant delay."""
+        ops = self.ops
+        bits = self.config.activation_bits
+        alpha = ops.const(f"{base}/alpha", np.float32(alpha_beta[0]))
+        shift = ops.const(f"{base}/shift", gate_shift(*alpha_beta))
+        scale = self._range_scale(lo, hi, bits, False, f"{base}/scale")
+        x = gate.producer().inputs[0]
+        total = ops.op("Add", [x, shift], f"{base}/sum", shape=x.shape)
+        quotient = ops.op("Div", [total, ops.op("Div", [scale, alpha], f"{base}/quantize_scale", shape=[])],
+                          f"{base}/quotient", shape=x.shape)
+        level_min = ops.const(f"{base}/level_min", np.float32(0))
+        level_max = ops.const(f"{base}/level_max", np.float32(2**bits - 1))
+        # the FakeQuant clamps too; the Clip keeps the gate a HardSigmoid where FakeQuant is the identity
+        # (the float model, finetune's teacher)
+        clipped = ops.op("Clip", [quotient, level_min, level_max], f"{base}/saturated", shape=x.shape)
+        levels = self._fake_quant_node(clipped, level_min, level_max, bits, False, base)
+        out = ops.op("Mul", [levels, scale], f"{base}/dequantized", shape=gate.shape)
+        return self._delayed(out, gate, base)
 
     # --- weights ---------------------------------------------------------------------------------
     def encode_weight(self, point: TrainWeightPoint, weight: ir.Value, rank: int) -> None:
@@ -201,13 +237,17 @@ class TrainEncoder:
 
     # --- biases ------------------------------------------------------------------------------------
     def _scale(self, fq: ir.Node, base: str) -> ir.Value:
-        """The scale a FakeQuant node quantizes with, ``(max - min) / (qmax - qmin)`` in its function's
-        float32 operations, 1 where that is not a normal float32 (as the eval graph's parameters)."""
-        ops = self.ops
+        """The scale a FakeQuant node quantizes with (:meth:`_range_scale`)."""
         bits = fq.attributes["num_bits"].as_int() if "num_bits" in fq.attributes else 8
         narrow = fq.attributes["narrow_range"].as_int() if "narrow_range" in fq.attributes else 0
+        return self._range_scale(fq.inputs[1], fq.inputs[2], bits, bool(narrow), base)
+
+    def _range_scale(self, lo: ir.Value, hi: ir.Value, bits: int, narrow: bool, base: str) -> ir.Value:
+        """The scale of the range ``[lo, hi]``, ``(max - min) / (qmax - qmin)`` in the FakeQuant function's
+        float32 operations, 1 where that is not a normal float32 (as the eval graph's parameters)."""
+        ops = self.ops
         qrange = ops.const(f"{base}/levels", np.float32((2**bits - 1) - (1 if narrow else 0)))
-        raw = ops.op("Div", [ops.op("Sub", [fq.inputs[2], fq.inputs[1]], f"{base}/range"), qrange], f"{base}/raw")
+        raw = ops.op("Div", [ops.op("Sub", [hi, lo], f"{base}/range"), qrange], f"{base}/raw")
         tiny = ops.op("Less", [raw, ops.const(f"{base}/flt_min", np.finfo(np.float32).tiny)], f"{base}/degenerate",
                       dtype=ir.DataType.BOOL)
         return ops.op("Where", [tiny, ops.const(f"{base}/one", np.float32(1.0)), raw], base)
@@ -263,7 +303,11 @@ class TrainEncoder:
         # the batch range reads the float tensor: every other reader reads the fake-quantized one
         uses = [(node, i) for node, i in value.uses() if id(node) not in self.range_readers]
         outputs = [i for i, out in enumerate(self.graph.outputs) if out is value]
-        q = self._fake_quant(value, new_min, new_max, cfg.activation_bits, False, base)
+        if point.gate is not None:
+            q = self._integer_gate(value, new_min, new_max, point.gate, base)
+            entry["gate"] = {"alpha": float(point.gate[0]), "beta": float(point.gate[1])}
+        else:
+            q = self._fake_quant(value, new_min, new_max, cfg.activation_bits, False, base)
         for node, index in uses:
             node.replace_input_with(index, q)
         if outputs:

@@ -39,7 +39,7 @@ from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_fun
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
-from qtool.onnx_rewrite.hard_activations import split_hard_swish
+from qtool.onnx_rewrite.hard_activations import gate_parameters, split_hard_swish
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
 
 
@@ -212,6 +212,7 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
     values = tg.values_by_name(prepared.model.graph)
     resolved = prepared.plan.resolve(ranges)
     plan_groups = prepared.plan.groups()
+    gates = {id(node): gate_parameters(node) for node in prepared.plan.integer_gates}
 
     def real(point):
         return prepared.aliases.get(point.value.name, point.value.name)
@@ -238,7 +239,12 @@ def _encode_activations(prepared: TrainGraph, encoder: tg.TrainEncoder, ranges: 
         encoder.encode_activation(tg.TrainActivationPoint(
             point.name, value, point.kind, point.rule, (lo, hi), "fixed" if point.fixed_range else
             ("calibration" if source == "calibration" else "default") if point.source is None else "carried",
-            shares, key, batch, point.bound))
+            shares, key, batch, point.bound, gates.get(id(point.producer)) if _is_hard_sigmoid(value) else None))
+
+
+def _is_hard_sigmoid(value: ir.Value) -> bool:
+    node = value.producer()
+    return node is not None and node.domain == "" and node.op_type == "HardSigmoid"
 
 
 def _fake_quant_of(value: ir.Value | None) -> ir.Node | None:

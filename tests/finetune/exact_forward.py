@@ -19,21 +19,25 @@ from qtool.finetune.interpreter import Interpreter
 
 
 def main(paths: str, data: str, steps: list[int]) -> None:
-    """``paths``: training graphs separated by commas (one process, one JAX start, for all of them)."""
-    print(json.dumps({path: compare(path, data, steps) for path in paths.split(",")}))
+    """``paths``: training graphs separated by commas (one process, one JAX start, for all of them);
+    ``data``: one ``.npz`` of feeds (by input name) for all, or one per graph, separated by commas."""
+    paths, datas = paths.split(","), data.split(",")
+    datas = datas * len(paths) if len(datas) == 1 else datas
+    print(json.dumps({path: compare(path, d, steps) for path, d in zip(paths, datas)}))
 
 
 def compare(path: str, data: str, steps: list[int]) -> dict:
     interp = Interpreter(onnx.load(path))
-    x = np.load(data)["input"]
+    arrays = np.load(data)
+    feeds = {name: arrays[name] for name in arrays.files if name in interp.input_names}
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     fn = jax.jit(lambda feeds: interp.run(feeds))
     report = {}
     for step in steps:
-        ref = dict(zip(interp.output_names, session.run(None, {"input": x, "qtool_step": np.array(step, np.int64)})))
-        out = fn({"input": jnp.asarray(x), "qtool_step": jnp.int32(step)})
+        ref = dict(zip(interp.output_names, session.run(None, {**feeds, "qtool_step": np.array(step, np.int64)})))
+        out = fn({**{k: jnp.asarray(v) for k, v in feeds.items()}, "qtool_step": jnp.int32(step)})
         report[str(step)] = {
             name: {"equal": bool(np.array_equal(np.asarray(out[name]).view(np.uint32), ref[name].view(np.uint32))),
                    "max_abs_diff": float(np.max(np.abs(np.asarray(out[name]) - ref[name]))),

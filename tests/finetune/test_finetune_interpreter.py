@@ -10,11 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from finetune_helpers import CALIB, EVAL, MODEL
+from model_builders import gate_calibration, gate_inputs, gate_model
 from onnx import TensorProto, helper, numpy_helper
 
+from qtool.api import rewrite_train
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import Interpreter
 from qtool.config import QuantConfig, TrainSchedule
@@ -24,10 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # --- the sample training graph: JAX == onnxruntime -------------------------------------------------------
 def _exact_reports(paths, data, steps) -> list[dict]:
+    """``data``: one ``.npz`` of feeds for every graph, or a list of one per graph."""
     env = dict(os.environ, XLA_FLAGS="--xla_cpu_max_isa=AVX", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exact_forward.py")),
-                           ",".join(str(p) for p in paths), str(data)] + [str(s) for s in steps],
+                           ",".join(str(p) for p in paths), ",".join(map(str, np.atleast_1d(data)))]
+                          + [str(s) for s in steps],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -38,14 +43,33 @@ def _exact_report(path, data, steps) -> dict:
     return _exact_reports([path], data, steps)[0]
 
 
-def test_training_graph_forward_is_bit_exact_with_onnxruntime(graphs):
+@pytest.fixture(scope="module")
+def gate_graph(tmp_path_factory) -> tuple[Path, Path]:
+    """The training graph of HardSwish and HardSigmoid gates (``--round-mode half_to_even``) with its gates
+    as graph outputs, and feeds on the ties of their grids (ranges held)."""
+    folder = tmp_path_factory.mktemp("gates")
+    train = ir.serde.serialize_model(rewrite_train(gate_model(), quant=QuantConfig(round_mode="half_to_even"),
+                                                   calibration_data=gate_calibration()).model)
+    contract = json.loads({p.key: p.value for p in train.metadata_props}["qtool.training"])
+    train.graph.output.extend(helper.make_tensor_value_info(q["output"], TensorProto.FLOAT, None)
+                              for q in contract["activation_quantizers"] if "gate" in q)
+    onnx.save(train, folder / "gates.qat.onnx")
+    np.savez(folder / "gates.npz", x=gate_inputs(), qtool_range_update=np.float32(0))
+    return folder / "gates.qat.onnx", folder / "gates.npz"
+
+
+def test_training_graph_forward_is_bit_exact_with_onnxruntime(graphs, gate_graph):
     """The sample at W3A3, quantization on, batch norms frozen (the graph freezes from step 0): the
     logits and every activation-range update are bit for bit onnxruntime's on 500 samples, in both
-    round modes (``w3a3_even``: ``--round-mode half_to_even``).
+    round modes (``w3a3_even``: ``--round-mode half_to_even``); so are the integer HardSwish/HardSigmoid
+    gates of ``gate_graph`` and everything after them, on the ties of the gates' grids.
     (FakeQuant keeps its divisors un-fused; XLA's CPU ISA is capped to AVX in the subprocess so
     nothing is contracted into an FMA.) The moving batch-norm statistics are means over the batch,
     summed in another order by XLA: equal to float32 rounding."""
-    for graph, report in zip(("w3a3", "w3a3_even"), _exact_reports([graphs["w3a3"], graphs["w3a3_even"]], EVAL, [0, 7])):
+    reports = _exact_reports([graphs["w3a3"], graphs["w3a3_even"], gate_graph[0]], [EVAL, EVAL, gate_graph[1]], [0, 7])
+    for step, outputs in reports[2].items():
+        assert all(r["equal"] for r in outputs.values()), (step, outputs)
+    for graph, report in zip(("w3a3", "w3a3_even"), reports):
         for step, outputs in report.items():
             assert outputs["logits"]["equal"], (graph, step, outputs["logits"])
             for out, r in outputs.items():
@@ -63,6 +87,38 @@ def test_training_graph_forward_at_8_bits(graphs):
     logits = report["0"]["logits"]
     assert logits["close_fraction"] >= 0.99, logits
     assert logits["max_abs_diff"] <= 1.01 * 2 * logits["max_abs"] / 255, logits
+
+
+def test_integer_gates_have_straight_through_gradients_and_are_hard_sigmoid_unquantized(gate_graph):
+    """The gradient of an integer gate (``gate_graph``) by its input is alpha where the gate is inside (0, 1)
+    and 0 where it saturates (straight through the rounding, as TF's FakeQuant); with quantization off
+    (finetune's teacher) the gates are HardSigmoid up to float rounding."""
+    train = onnx.load(gate_graph[0])
+    gates = {q["gate"]["alpha"]: q["output"] for q in json.loads(
+        {p.key: p.value for p in train.metadata_props}["qtool.training"])["activation_quantizers"] if "gate" in q}
+    names = list(gates.values())
+    interp = Interpreter(train)
+    x = gate_inputs()
+    feeds = {"qtool_step": np.array(10**6, np.int64), "qtool_range_update": np.array(0, np.float32)}
+
+    def run(v, quantized=True):
+        return interp.run({"x": v, **feeds}, fake_quant=quantized, outputs=names)
+
+    @jax.jit  # one compilation; the gates are elementwise in x: the first copy's gradient is the first gate's
+    def evaluate(v):
+        def loss(u):
+            out = run(u)
+            return jnp.sum(out[names[0]][:len(v)]) + jnp.sum(out[names[1]][len(v):])
+        return jax.grad(loss)(jnp.concatenate([v, v])), run(v, False)
+
+    slopes, off = evaluate(jnp.asarray(x))
+    y = x.astype(np.float64)  # the Conv's weight is 1: the gates read x's grid
+    for i, (alpha, name) in enumerate(gates.items()):
+        slope = np.asarray(slopes)[i * len(x):(i + 1) * len(x)]
+        inside = (alpha * y + 0.5 > 0) & (alpha * y + 0.5 < 1)
+        np.testing.assert_allclose(slope[inside], alpha, rtol=1e-5)
+        assert np.all(slope[~inside] == 0) and inside.sum() > 100 and (~inside).sum() > 0
+        np.testing.assert_allclose(np.asarray(off[name]), np.clip(alpha * y + 0.5, 0, 1), atol=1e-6)
 
 
 def test_training_graph_before_freeze_and_quant_delay(tmp_path):

@@ -12,9 +12,10 @@ import onnxruntime as ort
 import pytest
 from model_builders import Builder, x_data
 from test_placement_integer import FLOAT_LAYERS, optimized_ops, quantize
-from test_train_graph import proto, run_step, session
+from test_train_graph import contract_of, proto, run_step, session
 
 from qtool.api import rewrite_eval, rewrite_train
+from qtool.config import TrainSchedule
 from qtool.onnx_rewrite.fake_quant_function import DOMAIN, NAME
 
 
@@ -91,17 +92,31 @@ def test_the_gate_is_hard_sigmoid_clipped_by_its_quantizer():
     assert not tie.all()
 
 
-def test_training_graph_fake_quantizes_the_gate_on_the_deployed_grid():
+def test_training_graph_computes_the_gate_as_the_eval_graph_does():
+    """The gate is the eval graph's integer Add in float32 ops, from the HardSigmoid's input: ``(x + 3) /
+    (s * 6)`` clipped and rounded to the 8-bit levels (a FakeQuant on [0, 255]), times ``s``; its fixed
+    range [0, 1] is constants, and the HardSigmoid stays for the quant delay (and rewrite-eval)."""
     model, feeds, hs = hard_swish_model("op")
-    train = proto(rewrite_train(model, calibration_data=feeds))
+    train = proto(rewrite_train(model, calibration_data=feeds, schedule=TrainSchedule(quant_delay=5)))
     nodes = {o: n for n in train.graph.node for o in n.output}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in train.graph.initializer}
     hard_sigmoid = next(n for n in train.graph.node if n.op_type == "HardSigmoid")
     assert not any(n.op_type == "HardSwish" for n in train.graph.node)
-    fq = next(n for n in train.graph.node if n.domain == DOMAIN and n.op_type == NAME
-              and n.input[0] == hard_sigmoid.output[0])
-    inits = {t.name: onnx.numpy_helper.to_array(t) for t in train.graph.initializer}
-    assert [float(inits[i]) for i in fq.input[1:3]] == [0.0, 1.0]  # the fixed range: constants, not state
-    assert nodes[hs].op_type == "Mul" and hard_sigmoid.output[0] not in nodes[hs].input  # x * fq(gate)
+    gate = next(q for q in contract_of(train)["activation_quantizers"] if q["kind"] == "gate_quant")
+    assert gate["input"] == hard_sigmoid.output[0] and gate["range_source"] == "fixed"
+    assert [float(inits[gate[k]]) for k in ("min", "max")] == [0.0, 1.0]  # the fixed range: constants, not state
+    assert gate["gate"] == {"alpha": float(np.float32(1 / 6)), "beta": 0.5}
+    delayed = nodes[gate["output"]]
+    assert delayed.op_type == "Where" and delayed.input[2] == hard_sigmoid.output[0]  # HardSigmoid before the delay
+    mul = nodes[delayed.input[1]]
+    fq = nodes[mul.input[0]]
+    assert fq.domain == DOMAIN and fq.op_type == NAME and [float(inits[i]) for i in fq.input[1:3]] == [0.0, 255.0]
+    chain = [nodes[fq.input[0]]]  # Clip <- Div <- Add(x, 3)
+    while chain[-1].op_type != "Add":
+        chain.append(nodes[chain[-1].input[0]])
+    assert [n.op_type for n in chain] == ["Clip", "Div", "Add"] and chain[-1].input[0] == hard_sigmoid.input[0]
+    assert float(inits[chain[-1].input[1]]) == 3.0
+    assert nodes[hs].op_type == "Mul" and gate["output"] in nodes[hs].input  # x * gate
     # after quant_delay the training graph computes what the eval graph deploys (rounding ties aside)
     out = train.graph.output[0].name
     trained = run_step(session(train), train, feeds, 1000)[out]

@@ -3,7 +3,8 @@
 A small MatMul model whose input range is [-1, 1] (calibrated) is fed values exactly halfway between two
 levels of its input grid, and its weight holds exact ties of its per-channel grids. With ``half_to_even``
 the training graph (its ranges held) computes the deployed model's values bit for bit, its weight
-FakeQuant included; with ``half_up`` it computes TensorFlow's FakeQuant, which differs on ties.
+FakeQuant included; with ``half_up`` it computes TensorFlow's FakeQuant, which differs on ties. The same
+holds for the integer HardSwish/HardSigmoid gates, fed on the ties of their grids.
 """
 
 import json
@@ -13,6 +14,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from model_builders import gate_calibration, gate_inputs, gate_model
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.api import rewrite_eval, rewrite_train
@@ -183,3 +185,35 @@ def test_fake_quant_half_to_even_is_quantize_then_dequantize_linear(narrow):
         want = ((codes - zp[:, None]) * s[:, None]).astype(np.float32)
     want[2] = 0.0
     np.testing.assert_array_equal(_bits(y), _bits(want))
+
+
+# --- the integer HardSigmoid gate ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gate_graphs():
+    train = _proto(rewrite_train(gate_model(), quant=QuantConfig(round_mode="half_to_even"),
+                                 calibration_data=gate_calibration()).model)
+    deployed = rewrite_eval(train)
+    return train, _proto(deployed.model), deployed
+
+
+def test_half_to_even_integer_gates_are_the_deployed_ones_bit_for_bit_on_ties(gate_graphs):
+    """HardSwish and HardSigmoid deploy as integer Adds (``(y + beta/alpha)`` quantized with scale s/alpha,
+    read back with s); the training graph computes them in the same float32 operations, so every
+    quantizer's output (the gates, their product) and the logits are the deployed model's bit for bit,
+    with the gate inputs on or next to ties of the gate's grid."""
+    train, deploy, deployed = gate_graphs
+    assert deployed.summary["counts"]["hard_sigmoids_integer"] == 2
+    x = gate_inputs()  # y = x: the Conv's weight is exactly 1, and it has no bias
+    quotient = (x + np.float32(3)) / (np.float32(np.float32(1) / np.float32(255)) / np.float32(1 / 6))
+    assert np.count_nonzero(quotient - np.floor(quotient) == np.float32(0.5)) > 50  # exact ties of the gate
+    quantizers = _contract(train)["activation_quantizers"]
+    assert sum(q["kind"] == "gate_quant" for q in quantizers) == 2
+    outputs = {o.name for o in deploy.graph.output}
+    ours = [q["output"] for q in quantizers]
+    theirs = [q["tensor"] if q["tensor"] in outputs else f"{q['quantizer']}/dequantized" for q in quantizers]
+    feeds = {"x": x, "qtool_step": np.array(10**6, np.int64), "qtool_range_update": np.array(0, np.float32)}
+    want = _session(train, ours).run(ours, feeds)
+    got = _session(deploy, theirs).run(theirs, {"x": x})
+    # HardSigmoid(y) fake-quantized on [0, 1] instead: 86 and 18 of the 256 gate values differed
+    differ = {t: int(np.count_nonzero(_bits(w) != _bits(g))) for t, w, g in zip(ours, want, got)}
+    assert not any(differ.values()), differ
