@@ -195,7 +195,9 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
     else:
         lines.append("    (none)")
     lines += _more(acts, limit)
-    lines += [ellipsize(f"    not compared: {u['quantizer']}: {u['reason']}", width) for u in mdl["unmatched_activations"]]
+    unmatched = mdl["unmatched_activations"]
+    lines += [ellipsize(f"    not compared: {u['quantizer']}: {u['reason']}", width) for u in unmatched[:limit]]
+    lines += _more(unmatched, limit)
     if mdl["weights"]:
         lines.append("  weights, worst first")
         rows = [[fmt_db(w["sqnr_db"]), fmt_num(w.get("max_abs_error")), w["role"], w.get("dtype") or "-",

