@@ -254,10 +254,8 @@ def hist_outside_serial(x, counts, e, k_lo, e_old, k_old, have_old, outside, nbl
     _fold(counts, part)
 
 
-# Below this many values a batch is counted on one thread: waking numba's
-# pool costs more than it saves, and far more on a loaded machine, where a
-# parallel region waits for its slowest (descheduled) thread.
-PARALLEL_MIN = 1 << 20
+# Below this many values a batch is counted on one thread (as ``minmax`` does).
+PARALLEL_MIN = cpu.PARALLEL_MIN
 
 
 class Histogram:
