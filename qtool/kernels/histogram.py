@@ -1,8 +1,9 @@
 """Streaming range statistics: exact mergeable histograms, percentile, entropy, MSE.
 
 One pass per batch
-    ``Histogram.update(x)`` reads each batch once, in parallel chunks of
-    ``CHUNK`` values, in one loop: finite min/max, exact zeros, and the bin of
+    ``Histogram.update(x)`` reads each batch once, in chunks of ``CHUNK``
+    values (in parallel from ``PARALLEL_MIN`` values on, on one thread below:
+    the same chunks, so the same results), in one loop: finite min/max, exact zeros, and the bin of
     every value the running histogram's window can hold. Counts go to
     ``LANES`` interleaved sub-histograms, so a tensor with many equal values
     (a Relu's zeros) does not serialise on one counter. Only chunks holding
@@ -55,7 +56,8 @@ Ranges from a histogram (all return ``(lo, hi)`` inside the observed range)
       constant) contributes its exact error ``(fq(c) - c)**2 + w**2/12``; a
       bin inside the range is split into sub-intervals no wider than a
       quarter of the quantization step, each evaluated through the
-      quantizer at its centre. Search: thresholds ``T`` (coarse grid, then a
+      quantizer at its centre (computed once per candidate for the bins
+      outside, where FakeQuant clamps). Search: thresholds ``T`` (coarse grid, then a
       fine grid around the best), then, for asymmetric ranges, the low end
       with the high end fixed and the high end with the low end fixed.
 """
@@ -301,7 +303,7 @@ class Histogram:
         if outside.any():
             self._regrid(lo, hi)  # counts so far move to the grown grid, exactly
             hist_outside_(x, self.counts, np.int64(self.e), np.int64(self.k_lo), np.int64(e_old), np.int64(k_old),
-                         have, outside, nblocks)
+                          have, outside, nblocks)
         self.zeros += int(zeros)
         self.min, self.max = lo, hi
         self.total += int(nfin)
