@@ -34,6 +34,13 @@ through its two smallest counts passes ``--ort-limit-gb`` (16).
 
     python benchmarks/calibration.py [--repeats 3] [--samples 16 64] [--batch-size 1] [--keep DIR]
     python benchmarks/calibration.py --memory-only [--memory-samples 16 64 256] [--baseline REV]
+    python benchmarks/calibration.py --speed [MODEL DATA] [--baseline REV] [--methods ...] [--batch-size N]
+
+Speed (``--speed``): ``qtool calibrate`` of this checkout against ``--baseline``
+(default ``main``, extracted with ``git archive``), per method, alternating in
+the same run, on the built ResNet-50 (``--samples``' smallest count) or on
+MODEL and DATA; prints wall and CPU time, their ratios, and whether the two
+wrote the same ranges bit for bit.
 """
 
 from __future__ import annotations
@@ -152,11 +159,57 @@ def memory(args, work: str, model: str, data: np.ndarray) -> None:
           f"vs {lo} <= 1.15)")
 
 
+def speed(args, work: str, model: str, calib: str) -> None:
+    """Time of ``qtool calibrate`` per method: this checkout against ``--baseline`` (default main), same run.
+
+    Runs alternate (baseline, this checkout) ``--repeats`` times per method, after one warm-up run
+    of each (numba's on-disk cache); medians of wall time and of CPU time (user + system of the
+    process and its threads: on a shared machine the wall time includes waiting for a core). The
+    ranges files of the two must hold the same ranges bit for bit (compared as JSON text).
+    """
+    import json
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rev = args.baseline or "main"
+    tools = {f"qtool {rev}": _baseline_tree(rev, work), "qtool": repo}
+
+    def cmd(name, method):
+        out = os.path.join(work, f"speed_{method}_{name.replace(' ', '_')}.json")
+        return out, [sys.executable, "-m", "qtool", "calibrate", model, "--data", calib, "--calibration-method", method,
+                     "--batch-size", str(args.batch_size), "-o", out]
+
+    print(f"\nspeed: {model}, {calib}, batches of {args.batch_size}; median of {args.repeats} (wall s / CPU s)",
+          flush=True)
+    rows = []
+    for method in args.methods:
+        files, runs = {}, {name: [] for name in tools}
+        for name, folder in tools.items():
+            files[name], c = cmd(name, method)
+            measure(c, src=folder)  # warm numba's cache of this copy
+        for _ in range(args.repeats):
+            for name, folder in tools.items():
+                runs[name].append(measure(cmd(name, method)[1], src=folder))
+        same = len({json.dumps(json.load(open(f))["tensors"]) for f in files.values()}) == 1
+        (b_wall, b_cpu), (n_wall, n_cpu) = ((statistics.median(r["wall"] for r in rs),
+                                             statistics.median(r["cpu"] for r in rs)) for rs in runs.values())
+        rows.append((method, b_wall, b_cpu, n_wall, n_cpu, same))
+        print(f"  {method:10} {rev} {b_wall:7.2f} / {b_cpu:7.2f} | now {n_wall:7.2f} / {n_cpu:7.2f} | "
+              f"ranges {'identical' if same else 'DIFFERENT'}", flush=True)
+    print(f"\n{'method':11}{'base wall':>10}{'now wall':>10}{'ratio':>8}{'base CPU':>10}{'now CPU':>10}{'ratio':>8}"
+          f"{'ranges':>11}")
+    for method, bw, bc, nw, nc, same in rows:
+        print(f"{method:11}{bw:10.2f}{nw:10.2f}{nw / bw:8.2f}{bc:10.2f}{nc:10.2f}{nc / bc:8.2f}"
+              f"{'identical' if same else 'DIFFERENT':>11}")
+    print(f"(ratio: this checkout / {rev}, below 1 is faster; load average now "
+          f"{', '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} cores)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--methods", nargs="+", default=["percentile", "entropy"])
+    parser.add_argument("--methods", nargs="+", default=["percentile", "entropy"],
+                        help="methods to time (--speed: e.g. minmax percentile entropy mse)")
     parser.add_argument("--batch-size", type=int, default=1,
                         help="samples per inference batch, for both tools (qtool's memory is one batch's activations)")
     parser.add_argument("--keep", default=None, help="work in this folder and keep the files")
@@ -167,6 +220,9 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="only the timing figures")
     parser.add_argument("--baseline", default=None, metavar="REV",
                         help="also measure the memory of the qtool of this git revision, in the same run")
+    parser.add_argument("--speed", nargs="*", metavar="MODEL_AND_DATA", default=None,
+                        help="only the before/after timing of --methods against --baseline (default main); "
+                             "optionally on a model and its .npz data instead of the built ResNet-50")
     parser.add_argument("--ort-limit-gb", type=float, default=16.0,
                         help="skip onnxruntime's calibrator where its peak memory would pass this")
     args = parser.parse_args()
@@ -174,11 +230,21 @@ def main() -> None:
     work = args.keep or tempfile.mkdtemp(prefix="qtool-bench-calib-")
     os.makedirs(work, exist_ok=True)
     try:
+        if args.speed:
+            if len(args.speed) != 2:
+                parser.error("--speed takes a model and its data, or nothing")
+            speed(args, work, *args.speed)
+            return
         model = os.path.join(work, "resnet50.onnx")
         t = time.perf_counter()
         size = build_resnet50(model)
         rng = np.random.default_rng(1)
         data = rng.standard_normal((max(args.samples + args.memory_samples), 3, 224, 224)).astype(np.float32)
+        if args.speed is not None:
+            calib = os.path.join(work, f"speed{min(args.samples)}.npz")
+            np.savez(calib, input=data[: min(args.samples)])
+            speed(args, work, model, calib)
+            return
         if args.memory_only:
             print(f"model: {size / 1e6:.1f} MB (built in {time.perf_counter() - t:.1f} s)")
             print(f"load average before: {', '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} cores")

@@ -19,7 +19,7 @@ from qtool.calibrate.observers import Observer, data_warnings, make_observer
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.data import CalibrationData
 from qtool.errors import QtoolError
-from qtool.model.session import TappedSession, tapped_session, value_map
+from qtool.model.session import TappedSession, session_options, tapped_session, value_map
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
@@ -49,6 +49,18 @@ class CalibrationResult:
     def warnings(self) -> list[str]:
         """What is wrong with the data, by tensor (non-finite values, no finite value, overflow)."""
         return data_warnings(self.ranges, self.observers)
+
+
+def _options():
+    """Session options for calibration: onnxruntime's idle threads do not spin.
+
+    Between two runs the observers reduce the outputs on the same cores
+    (numba kernels); spinning pool threads took those cores (scheduling
+    only: the outputs do not change).
+    """
+    options = session_options()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: dict, number: int) -> None:
@@ -90,8 +102,8 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
     total = data.num_samples
     batches = 0
     if from_outputs or from_inputs:
-        session = (tapped_session(model, [values[t] for t in from_outputs], what="the model for calibration")
-                   if from_outputs else None)
+        session = (tapped_session(model, [values[t] for t in from_outputs], options=_options(),
+                                  what="the model for calibration") if from_outputs else None)
         done = 0
         if progress is not None:
             progress(0, total)

@@ -565,7 +565,8 @@ def minmax(x, axis=None, *, device=None):
         a = a.astype(np.float32 if a.dtype.itemsize <= 2 else np.float64)
     a = _contiguous(a)
     if axis is None:
-        lo, hi = cpu.minmax_tensor(a.reshape(-1))
+        kernel = cpu.minmax_tensor if a.size >= cpu.PARALLEL_MIN else cpu.minmax_tensor_serial
+        lo, hi = kernel(a.reshape(-1))
         return a.dtype.type(lo), a.dtype.type(hi)
     ax = _norm_axis(axis, a.ndim)
     depth, inner = _axis_layout(a.shape, ax)

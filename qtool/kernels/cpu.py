@@ -398,18 +398,45 @@ def _minmax_run(x, start, stop, lo, hi):
     return new_lo, new_hi
 
 
+@njit(cache=True, error_model="numpy")
+def _minmax_chunk(x, k, pmin, pmax):
+    n = x.size
+    pmin[k], pmax[k] = _minmax_run(x, k * CHUNK, min(k * CHUNK + CHUNK, n), x.dtype.type(np.inf), x.dtype.type(-np.inf))
+
+
+@njit(cache=True, error_model="numpy")
+def _minmax_chunks(pmin, pmax):
+    return _minmax_run(pmin, 0, pmin.size, pmin.dtype.type(np.inf), pmin.dtype.type(-np.inf))[0], _minmax_run(
+        pmax, 0, pmax.size, pmax.dtype.type(np.inf), pmax.dtype.type(-np.inf)
+    )[1]
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def minmax_tensor(x):
     """(min, max) of a flat array, ignoring NaN; (inf, -inf) when there is no number."""
-    n = x.size
-    nchunks = (n + CHUNK - 1) // CHUNK
+    nchunks = (x.size + CHUNK - 1) // CHUNK
     pmin = np.empty(nchunks, x.dtype)
     pmax = np.empty(nchunks, x.dtype)
     for k in prange(nchunks):
-        pmin[k], pmax[k] = _minmax_run(x, k * CHUNK, min(k * CHUNK + CHUNK, n), x.dtype.type(np.inf), x.dtype.type(-np.inf))
-    return _minmax_run(pmin, 0, nchunks, x.dtype.type(np.inf), x.dtype.type(-np.inf))[0], _minmax_run(
-        pmax, 0, nchunks, x.dtype.type(np.inf), x.dtype.type(-np.inf)
-    )[1]
+        _minmax_chunk(x, k, pmin, pmax)
+    return _minmax_chunks(pmin, pmax)
+
+
+@njit(cache=True, error_model="numpy")
+def minmax_tensor_serial(x):
+    """``minmax_tensor`` on one thread: the same chunks reduced the same way, so the same result
+    (signed zeros included), without waking the thread pool (for small arrays)."""
+    nchunks = (x.size + CHUNK - 1) // CHUNK
+    pmin = np.empty(nchunks, x.dtype)
+    pmax = np.empty(nchunks, x.dtype)
+    for k in range(nchunks):
+        _minmax_chunk(x, k, pmin, pmax)
+    return _minmax_chunks(pmin, pmax)
+
+
+# Below this many values ``minmax`` runs on one thread (waking numba's pool costs more than
+# it saves, far more on a loaded machine where a parallel region waits for a descheduled thread).
+PARALLEL_MIN = 1 << 20
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

@@ -1,8 +1,9 @@
 """Streaming range statistics: exact mergeable histograms, percentile, entropy, MSE.
 
 One pass per batch
-    ``Histogram.update(x)`` reads each batch once, in parallel chunks of
-    ``CHUNK`` values, in one loop: finite min/max, exact zeros, and the bin of
+    ``Histogram.update(x)`` reads each batch once, in chunks of ``CHUNK``
+    values (in parallel from ``PARALLEL_MIN`` values on, on one thread below:
+    the same chunks, so the same results), in one loop: finite min/max, exact zeros, and the bin of
     every value the running histogram's window can hold. Counts go to
     ``LANES`` interleaved sub-histograms, so a tensor with many equal values
     (a Relu's zeros) does not serialise on one counter. Only chunks holding
@@ -55,7 +56,8 @@ Ranges from a histogram (all return ``(lo, hi)`` inside the observed range)
       constant) contributes its exact error ``(fq(c) - c)**2 + w**2/12``; a
       bin inside the range is split into sub-intervals no wider than a
       quarter of the quantization step, each evaluated through the
-      quantizer at its centre. Search: thresholds ``T`` (coarse grid, then a
+      quantizer at its centre (computed once per candidate for the bins
+      outside, where FakeQuant clamps). Search: thresholds ``T`` (coarse grid, then a
       fine grid around the best), then, for asymmetric ranges, the low end
       with the high end fixed and the high end with the low end fixed.
 """
@@ -172,6 +174,25 @@ def _fold(counts, part):
                 counts[j] += part[b, lane, j]
 
 
+@njit(**_jit)
+def _pass_chunk(x, c, sub, s, k_lo, have_grid, cmin, cmax, nfin, nzero, outside):
+    """``_scan`` of chunk ``c`` of ``x``, its results stored at index ``c``."""
+    n = x.size
+    lo, hi, m, z, out = _scan(x[c * CHUNK : min(n, (c + 1) * CHUNK)], sub, s, k_lo, have_grid)
+    cmin[c] = lo
+    cmax[c] = hi
+    nfin[c] = m
+    nzero[c] = z
+    outside[c] = out > 0
+
+
+@njit(**_jit)
+def _chunk_arrays(n, nslots, nblocks):
+    nchunks = (n + CHUNK - 1) // CHUNK
+    return (np.full(nchunks, np.inf), np.full(nchunks, -np.inf), np.zeros(nchunks, np.int64),
+            np.zeros(nchunks, np.int64), np.zeros(nchunks, np.bool_), np.zeros((nblocks, LANES, nslots), np.int64))
+
+
 @njit(parallel=True, **_jit)
 def hist_pass(x, counts, e, k_lo, have_grid, nblocks):
     """Scan every chunk once: finite min/max, and counts of what fits the current grid.
@@ -179,43 +200,64 @@ def hist_pass(x, counts, e, k_lo, have_grid, nblocks):
     Adds to ``counts`` in place. Returns ``(lo, hi, finite, zeros, outside_chunks)``:
     the batch's finite min/max, its number of finite values and exact zeros,
     and a per-chunk flag of chunks holding values the grid could not take.
+    The per-chunk results do not depend on ``nblocks`` (nor on the order the
+    chunks run in), so ``hist_pass_serial`` gives the same results.
     """
-    n = x.size
-    nslots = counts.size
-    nchunks = (n + CHUNK - 1) // CHUNK
-    cmin = np.full(nchunks, np.inf)
-    cmax = np.full(nchunks, -np.inf)
-    nfin = np.zeros(nchunks, np.int64)
-    nzero = np.zeros(nchunks, np.int64)
-    outside = np.zeros(nchunks, np.bool_)
-    part = np.zeros((nblocks, LANES, nslots), np.int64)
+    cmin, cmax, nfin, nzero, outside, part = _chunk_arrays(x.size, counts.size, nblocks)
+    nchunks = cmin.size
     s = math.ldexp(1.0, -e)
     for b in prange(nblocks):
         for c in range(b * nchunks // nblocks, (b + 1) * nchunks // nblocks):
-            lo, hi, m, z, out = _scan(x[c * CHUNK : min(n, (c + 1) * CHUNK)], part[b], s, k_lo, have_grid)
-            cmin[c] = lo
-            cmax[c] = hi
-            nfin[c] = m
-            nzero[c] = z
-            outside[c] = out > 0
+            _pass_chunk(x, c, part[b], s, k_lo, have_grid, cmin, cmax, nfin, nzero, outside)
     _fold(counts, part)
     return cmin.min(), cmax.max(), nfin.sum(), nzero.sum(), outside
+
+
+@njit(**_jit)
+def hist_pass_serial(x, counts, e, k_lo, have_grid, nblocks):
+    """``hist_pass`` on one thread (small tensors: no thread pool to wake; same results)."""
+    cmin, cmax, nfin, nzero, outside, part = _chunk_arrays(x.size, counts.size, 1)
+    s = math.ldexp(1.0, -e)
+    for c in range(cmin.size):
+        _pass_chunk(x, c, part[0], s, k_lo, have_grid, cmin, cmax, nfin, nzero, outside)
+    _fold(counts, part)
+    return cmin.min(), cmax.max(), nfin.sum(), nzero.sum(), outside
+
+
+@njit(**_jit)
+def _outside_chunk(x, c, sub, s, k_lo, s_old, k_old, have_old):
+    n = x.size
+    _scan_outside(x[c * CHUNK : min(n, (c + 1) * CHUNK)], sub, s, k_lo, s_old, k_old, have_old)
 
 
 @njit(parallel=True, **_jit)
 def hist_outside(x, counts, e, k_lo, e_old, k_old, have_old, outside, nblocks):
     """Count the values of the flagged chunks that the old grid ``(e_old, k_old)`` could not hold."""
-    n = x.size
-    nslots = counts.size
     nchunks = outside.size
-    part = np.zeros((nblocks, LANES, nslots), np.int64)
+    part = np.zeros((nblocks, LANES, counts.size), np.int64)
     s = math.ldexp(1.0, -e)
     s_old = math.ldexp(1.0, -e_old)
     for b in prange(nblocks):
         for c in range(b * nchunks // nblocks, (b + 1) * nchunks // nblocks):
             if outside[c]:
-                _scan_outside(x[c * CHUNK : min(n, (c + 1) * CHUNK)], part[b], s, k_lo, s_old, k_old, have_old)
+                _outside_chunk(x, c, part[b], s, k_lo, s_old, k_old, have_old)
     _fold(counts, part)
+
+
+@njit(**_jit)
+def hist_outside_serial(x, counts, e, k_lo, e_old, k_old, have_old, outside, nblocks):
+    """``hist_outside`` on one thread (same counts)."""
+    part = np.zeros((1, LANES, counts.size), np.int64)
+    s = math.ldexp(1.0, -e)
+    s_old = math.ldexp(1.0, -e_old)
+    for c in range(outside.size):
+        if outside[c]:
+            _outside_chunk(x, c, part[0], s, k_lo, s_old, k_old, have_old)
+    _fold(counts, part)
+
+
+# Below this many values a batch is counted on one thread (as ``minmax`` does).
+PARALLEL_MIN = cpu.PARALLEL_MIN
 
 
 class Histogram:
@@ -249,17 +291,19 @@ class Histogram:
         if x.size == 0:
             return self
         nblocks = max(1, min(get_num_threads(), -(-x.size // CHUNK)))
+        serial = nblocks == 1 or x.size < PARALLEL_MIN
+        hist_pass_, hist_outside_ = (hist_pass_serial, hist_outside_serial) if serial else (hist_pass, hist_outside)
         have = self.total > 0
         e_old, k_old = self.e, self.k_lo
-        lo, hi, nfin, zeros, outside = hist_pass(x, self.counts, np.int64(e_old), np.int64(k_old), have, nblocks)
+        lo, hi, nfin, zeros, outside = hist_pass_(x, self.counts, np.int64(e_old), np.int64(k_old), have, nblocks)
         self.nonfinite += int(x.size - nfin)
         if nfin == 0:
             return self
         lo, hi = min(self.min, float(lo)), max(self.max, float(hi))
         if outside.any():
             self._regrid(lo, hi)  # counts so far move to the grown grid, exactly
-            hist_outside(x, self.counts, np.int64(self.e), np.int64(self.k_lo), np.int64(e_old), np.int64(k_old),
-                         have, outside, nblocks)
+            hist_outside_(x, self.counts, np.int64(self.e), np.int64(self.k_lo), np.int64(e_old), np.int64(k_old),
+                          have, outside, nblocks)
         self.zeros += int(zeros)
         self.min, self.max = lo, hi
         self.total += int(nfin)
@@ -528,22 +572,28 @@ def _prepare(a, b, qminf, qmaxf, symmetric, narrow, num_bits):
 
 
 @njit(**_jit)
-def _mse_one(counts, k_lo, w, a, b, qminf, qmaxf, symmetric, narrow, num_bits, total):
+def _mse_one(counts, j0, j1, k_lo, w, a, b, qminf, qmaxf, symmetric, narrow, num_bits, total):
     nmin, nmax, scale, inv_scale, zp, qz = _prepare(a, b, qminf, qmaxf, symmetric, narrow, num_bits)
     if not (scale > 0):
         return np.inf
     acc = 0.0
     step = np.float64(scale)
-    for j in range(counts.size):
+    # FakeQuant clamps first: every value at or below nmin (above nmax) gives fq(nmin) (fq(nmax))
+    fq_lo = np.float64(cpu.fq_div(nmin, nmin, nmax, scale, qz))
+    fq_hi = np.float64(cpu.fq_div(nmax, nmin, nmax, scale, qz))
+    outside = w * w / 12.0
+    for j in range(j0, j1):
         c = counts[j]
         if c == 0:
             continue
         x0 = (k_lo + j) * w
         x1 = x0 + w
-        if x1 <= nmin or x0 >= nmax:
-            sub = 1
-        else:
-            sub = min(64, max(1, int(math.ceil(4.0 * w / step))))
+        if x1 <= nmin or x0 >= nmax:  # one sub-interval, its centre clamped (float32(cx) stays outside)
+            cx = x0 + 0.5 * w
+            d = (fq_lo if x1 <= nmin else fq_hi) - cx
+            acc += c * (d * d + outside)
+            continue
+        sub = min(64, max(1, int(math.ceil(4.0 * w / step))))
         sw = w / sub
         err = 0.0
         for t in range(sub):
@@ -564,8 +614,10 @@ def mse_search(counts, total, k_lo, w, cand_lo, cand_hi, num_bits, narrow, symme
     qminf = np.float32(1.0 if narrow else 0.0)
     qmaxf = np.float32(2.0**num_bits - 1.0)
     out = np.empty(cand_lo.size, np.float64)
+    nz = np.nonzero(counts)[0]  # the slots that hold values: the others add nothing
+    j0, j1 = (nz[0], nz[-1] + 1) if nz.size else (0, 0)
     for t in prange(cand_lo.size):
-        out[t] = _mse_one(counts, k_lo, w, cand_lo[t], cand_hi[t], qminf, qmaxf, symmetric, narrow, num_bits, total)
+        out[t] = _mse_one(counts, j0, j1, k_lo, w, cand_lo[t], cand_hi[t], qminf, qmaxf, symmetric, narrow, num_bits, total)
     return out
 
 

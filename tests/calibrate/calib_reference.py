@@ -99,3 +99,36 @@ def mse_range(x: np.ndarray, num_bits: int = 8, steps: int = 2000):
         a, b = max(lo, -t), min(hi, t)
         best = min(best, (mse(x, a, b, num_bits), a, b))
     return best
+
+
+def mse_errors(counts, k_lo, w, cand_lo, cand_hi, num_bits, narrow, symmetric, total):
+    """``qtool.kernels.histogram.mse_search`` as first written: every non-empty bin, in or out of the
+    nudged range, split into sub-intervals each put through the scalar FakeQuant (``cpu.fq_div``)."""
+    import math
+
+    from qtool.kernels import cpu
+    from qtool.kernels.histogram import _prepare
+
+    qminf, qmaxf = np.float32(1.0 if narrow else 0.0), np.float32(2.0**num_bits - 1.0)
+    out = []
+    for a, b in zip(cand_lo, cand_hi):
+        nmin, nmax, scale, _, _, qz = map(np.float32, _prepare(a, b, qminf, qmaxf, symmetric, narrow, num_bits))
+        if not scale > 0:
+            out.append(np.inf)
+            continue
+        acc = 0.0
+        for j, c in enumerate(counts):
+            if c == 0:
+                continue
+            x0 = (k_lo + j) * w
+            x1 = x0 + w
+            sub = 1 if (x1 <= nmin or x0 >= nmax) else min(64, max(1, int(math.ceil(4.0 * w / float(scale)))))
+            sw = w / sub
+            err = 0.0
+            for t in range(sub):
+                cx = x0 + (t + 0.5) * sw
+                d = float(cpu.fq_div(np.float32(cx), nmin, nmax, scale, qz)) - cx
+                err += d * d
+            acc += int(c) * (err / sub + sw * sw / 12.0)
+        out.append(acc / total)
+    return np.array(out)
