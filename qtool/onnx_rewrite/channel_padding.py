@@ -53,11 +53,17 @@ def _weight_dqs(conv: ir.Node) -> list[ir.Node] | None:
         if any(constant_array(v) is None for v in dq.inputs):
             return None
         dqs.append(dq)
-    codes = constant_array(dqs[0].inputs[0]) if dqs else None
-    zero = constant_array(dqs[0].inputs[2]) if dqs and len(dqs[0].inputs) > 2 else None
+    return dqs if dqs and symmetric_int8_codes(dqs[0]) is not None else None
+
+
+def symmetric_int8_codes(dq: ir.Node) -> np.ndarray | None:
+    """The constant codes a DequantizeLinear reads when they are int8 with zero point 0 (the weights
+    onnxruntime's fast symmetric integer convolution takes), else None."""
+    codes = constant_array(dq.inputs[0])
+    zero = constant_array(dq.inputs[2]) if len(dq.inputs) > 2 else None
     if codes is None or codes.dtype != np.int8 or zero is None or np.any(zero != 0):
         return None
-    return dqs
+    return codes
 
 
 class _Component:

@@ -77,7 +77,7 @@ from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
 from qtool.model.opset import inferred_shapes
-from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels
+from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels, symmetric_int8_codes
 from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
     SPACE_TO_DEPTH_CHANNELS,
@@ -526,9 +526,9 @@ def _fast_kernel_conv(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.
     w_dq = w.producer() if w is not None else None
     if x_dq is None or w_dq is None or w_dq.op_type != DEQUANTIZE or not eight_bit_kernel_types(x_dq, w):
         return None
-    codes, zero = constant_array(w_dq.inputs[0]), constant_array(w_dq.inputs[2]) if len(w_dq.inputs) > 2 else None
+    codes = symmetric_int8_codes(w_dq)
     x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
-    if codes is None or codes.dtype != np.int8 or codes.ndim < 3 or zero is None or np.any(zero != 0) or x_zero is None:
+    if codes is None or codes.ndim < 3 or x_zero is None:
         return None
     if codes.shape[0] < SYM_CONV_MIN_OUTPUTS or codes.shape[0] % SYM_CONV_OUTPUT_ALIGN or len(w.uses()) != 1 \
             or len(w_dq.inputs[0].uses()) != 1:

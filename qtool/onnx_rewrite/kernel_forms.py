@@ -1,7 +1,9 @@
 """Exact eval-graph forms that onnxruntime's (1.32) integer kernels run faster.
 
 Measured in ``benchmarks/zoo/FINDINGS.md`` section 11; each changes the kernels onnxruntime picks,
-not the integers they compute (the int8 outputs are identical to the bit):
+not the values of the graph as written (the Tile and SpaceToDepth forms compute the same integers in
+the same kernels; the pool's depthwise QLinearConv requantizes in other float steps than
+QLinearAveragePool and may land one step away on a rare tie, as any fused kernel may):
 
 - :func:`tile_gates`: a squeeze-excite gate ``[N, C, 1, 1]`` multiplying ``[N, C, H, W]``. onnxruntime
   runs the integer graph in NHWC, where its QLinearMul of ``[1, H, W, C] x [1, 1, 1, C]`` makes one

@@ -53,8 +53,12 @@ def test_space_to_depth_needs_even_sizes_and_pads_it_can_keep():
     assert space_to_depth_conv(w, [0, 0, 0, 0], (12, None)) is None
 
 
-def outputs(models, feeds):
-    return [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+def outputs(models, feeds, optimized=True):
+    """Each model's output; ``optimized=False``: the QDQ graph as written (no fused integer kernels)."""
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return [ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
             for m in models]
 
 
@@ -97,8 +101,10 @@ def test_a_squeeze_excite_gate_is_tiled_over_the_width_in_uint8(hw, tiled, tmp_p
 @pytest.mark.parametrize("kernel, rewritten", [([2, 1], True), ([1, 2], True), ([2, 2], False)])
 def test_a_two_element_average_pool_runs_as_a_depthwise_conv(kernel, rewritten, tmp_path, monkeypatch):
     """onnxruntime's QLinearAveragePool was 4x slower than its fast depthwise QLinearConv: a two-element
-    AveragePool becomes a depthwise Conv of weights 1/2 (x * 0.5 + y * 0.5 == (x + y) / 2 in float), the
-    outputs the same to the bit."""
+    AveragePool becomes a depthwise Conv of weights 1/2 (x * 0.5 + y * 0.5 == (x + y) / 2 in float): the
+    graph as written computes the same values to the bit. onnxruntime's two fused kernels requantize in
+    their own float steps, so optimized they may differ by one step on rare ties (10 of 4096 values on
+    some data here; none on the zoo recognizer), as any QLinearConv differs from its QDQ graph."""
     b = Builder(opset=17, named=False)
     x, feeds = b.input("x", ["N", 8, 8, 16]), {"x": x_data(4, 8, 8, 16)}
     y = b.node("Relu", [b.bn(b.conv(x, 8, 16), 16)])
@@ -109,5 +115,9 @@ def test_a_two_element_average_pool_runs_as_a_depthwise_conv(kernel, rewritten, 
     assert result.to_dict()["counts"]["pools_as_depthwise"] == rewritten
     monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.pools_as_depthwise", lambda graph, names, initializer: [])
     plain, _ = quantize(proto, feeds)
-    np.testing.assert_array_equal(*outputs([ir.serde.serialize_model(result.model), plain], feeds))
-    assert onnx.checker.check_model(ir.serde.serialize_model(result.model)) is None
+    rewritten_model = ir.serde.serialize_model(result.model)
+    np.testing.assert_array_equal(*outputs([rewritten_model, plain], feeds, optimized=False))
+    got, want = outputs([rewritten_model, plain], feeds)
+    step = np.min(np.diff(np.unique(want)))  # the output quantizer's step
+    assert np.max(np.abs(got - want)) <= step * 1.001 and np.mean(got != want) < 0.01
+    assert onnx.checker.check_model(rewritten_model) is None
