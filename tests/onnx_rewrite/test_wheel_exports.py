@@ -85,4 +85,5 @@ def test_histogram_calibration_keeps_a_model_output_whole():
     want = run(proto, feeds)[0]
     result = qtool.rewrite_eval(proto, calibration_data=feeds, calibration=CalibrationConfig(method="entropy"))
     (score_range,) = [a["range"] for a in result.summary["activations"] if a["tensor"] == sigmoid]
-    assert score_range[1] >= want.max(), (score_range, want.max())
+    # whole (to float rounding: the calibration session taps the Sigmoid, which changes onnxruntime's fusions)
+    assert score_range[1] >= want.max() - 1e-6, (score_range, want.max())
