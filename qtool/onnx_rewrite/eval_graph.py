@@ -82,6 +82,7 @@ from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
     SPACE_TO_DEPTH_CHANNELS,
     pools_as_depthwise,
+    read_codes_through,
     space_to_depth_conv,
     static_shape,
     tile_gates,
@@ -356,11 +357,7 @@ class EvalEncoder:
                       {"mode": "constant"}, name=f"{base}/Pad")
         pad.outputs[0].name = f"{base}/padded"
         pad.outputs[0].dtype = x_dq.inputs[0].dtype
-        dq = dequantize_node(pad.outputs[0], x_dq.inputs[1], x_dq.inputs[2], base, None, None)
-        self.graph.insert_before(layer, [pad, dq])
-        layer.replace_input_with(0, dq.outputs[0])
-        if not x_dq.outputs[0].uses() and not x_dq.outputs[0].is_graph_output():
-            self.graph.remove(x_dq, safe=True)
+        read_codes_through(self.graph, layer, 0, pad.outputs[0], x_dq, base)
         self.result.padded_inputs.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
                                           "padded_to": int(padded.shape[1]), "pad": pad.name})
 
@@ -391,11 +388,7 @@ class EvalEncoder:
         blocks = ir.node("SpaceToDepth", [x_dq.inputs[0]], {"blocksize": 2}, name=f"{base}/SpaceToDepth")
         blocks.outputs[0].name = f"{base}/blocks"
         blocks.outputs[0].dtype = x_dq.inputs[0].dtype
-        dq = dequantize_node(blocks.outputs[0], x_dq.inputs[1], x_dq.inputs[2], base, None, None)
-        self.graph.insert_before(layer, [blocks, dq])
-        layer.replace_input_with(0, dq.outputs[0])
-        if not x_dq.outputs[0].uses() and not x_dq.outputs[0].is_graph_output():
-            self.graph.remove(x_dq, safe=True)
+        read_codes_through(self.graph, layer, 0, blocks.outputs[0], x_dq, base)
         self.result.space_to_depth.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
                                            "kernel": list(new_codes.shape[2:]), "pads": new_pads,
                                            "space_to_depth": blocks.name})

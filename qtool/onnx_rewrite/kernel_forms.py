@@ -75,7 +75,7 @@ def _only_quantized(value: ir.Value) -> bool:
     return len(uses) == 1 and is_onnx(uses[0][0], QUANTIZE) and not value.is_graph_output()
 
 
-def _read_through(graph: ir.Graph, node: ir.Node, index: int, codes: ir.Value, dq: ir.Node, base: str) -> None:
+def read_codes_through(graph: ir.Graph, node: ir.Node, index: int, codes: ir.Value, dq: ir.Node, base: str) -> None:
     """``node`` reads ``codes`` (new codes of ``dq``'s parameters) through a DequantizeLinear of its own."""
     new_dq = dequantize_node(codes, dq.inputs[1], dq.inputs[2], base, None, None)
     graph.insert_before(node, [codes.producer(), new_dq])
@@ -106,7 +106,7 @@ def tile_gates(graph: ir.Graph, names: NameScope, initializer: Initializer) -> l
                            name=f"{base}/Tile")
             tile.outputs[0].name = f"{base}/tiled"
             tile.outputs[0].dtype = value_dtype(dqs[index].inputs[0])
-            _read_through(graph, mul, index, tile.outputs[0], dqs[index], base)
+            read_codes_through(graph, mul, index, tile.outputs[0], dqs[index], base)
             done.append({"mul": mul.name, "gate": list(gate[1:]), "tiled_to": [gate[1], 1, full[3]],
                          "tile": tile.name})
             break

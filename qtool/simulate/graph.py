@@ -41,6 +41,7 @@ from qtool.model.codec import CONTAINER_RANGE, DynamicLstmWeight
 from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
 from qtool.model.constants import constant_array
+from qtool.model.graph import GraphView
 from qtool.onnx_rewrite.placement.integer import saturation_bound
 
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
@@ -380,28 +381,20 @@ class FloatIndex:
 
 def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedGraph) -> None:
     index = FloatIndex(f_graph, {n.name for n in q_graph if n.name})
+    ctx = SimpleNamespace(view=GraphView(f_graph))  # what ``saturation_bound`` reads of a placement context
     for act in quantized.activations:
         act.counterpart, act.how = index.counterpart(act, q_graph)
         fv = index.values.get(act.counterpart) if act.counterpart else None
         fp, qp = (fv.producer() if fv is not None else None), act.float_value.producer()
         act.clamps = _is(fp, "Relu", "Clip") and not _is(qp, "Relu", "Clip")
-        act.bound = _readers_saturate(fv) if fv is not None else None
+        act.bound = _readers_saturate(ctx, fv) if fv is not None else None
 
 
-class _FloatView:
-    """The placement's view of a graph where a node's inputs are what they are (``saturation_bound``)."""
-
-    @staticmethod
-    def input(node: ir.Node, i: int) -> ir.Value | None:
-        return node.inputs[i] if i < len(node.inputs) else None
-
-
-def _readers_saturate(value: ir.Value) -> tuple[float, float] | None:
+def _readers_saturate(ctx, value: ir.Value) -> tuple[float, float] | None:
     """The interval outside which no reader of the float tensor changes (the hull of
     ``placement.integer.saturation_bound`` over its readers: a HardSwish input, -3 and up), or None.
     Beyond it the quantizer may clip at no cost (``rewrite-eval`` narrows such ranges), so the tensor is
     compared inside it."""
-    ctx = SimpleNamespace(view=_FloatView)
     readers = [u for u, _ in _uses(value)]
     if not readers or value.is_graph_output():
         return None
