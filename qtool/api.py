@@ -33,8 +33,17 @@ from qtool.model.io import (
     save_model,
     same_file,
 )
+from qtool.calibrate.branch_data import BranchCapture, BranchData
+from qtool.onnx_rewrite.branches import (
+    branch_config,
+    branch_layers,
+    extract_branch,
+    finish_branches,
+    if_branches,
+    outer_reads,
+)
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
-from qtool.onnx_rewrite.report import Files, RewriteResult, TrainResult, eval_messages
+from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate.config import SimulateConfig
 from qtool.simulate.core import run_simulation
@@ -116,15 +125,71 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
+    branches = _rewrite_branches(prepared, data, calibration)
     clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
+    if branches:
+        finish_branches(prepared.model.graph)
     clock.lap("encode")
     warnings, notes = eval_messages(prepared, encoding, found, observed,
-                                    list(data.ignored) if data is not None else [])
+                                    list(data.ignored) if data is not None else [], branches)
     files = _save(opened)
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
-                         clock.laps)
+                         clock.laps, branches)
+
+
+def _rewrite_branches(prepared, data: CalibrationData | None, calibration: CalibrationConfig) -> list[BranchResult]:
+    """Every If branch of ``prepared``'s graph that holds a layer op, quantized as a model of its own
+    (``onnx_rewrite.branches``) on the tensors the calibration data gives it; its own If branches in
+    turn. Branches are calibrated on data only (a ranges file holds the enclosing graph's tensors)."""
+    found = if_branches(prepared.model.graph)
+    if not found:
+        return []
+    if data is None:
+        why = "calibrated on --data only (a ranges file has no range inside it)"
+        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
+    reads = [v for node, attr in found for v in outer_reads(node.attributes[attr].as_graph())]
+    try:
+        capture = BranchCapture(prepared.model, reads, [node.inputs[0] for node, _ in found])
+    except QtoolError as exc:
+        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=str(exc)) for node, attr in found]
+    results = []
+    for node, attr in found:
+        layers = branch_layers(node, attr)
+        extracted = extract_branch(node, attr, prepared.model)
+        try:
+            results.append(_rewrite_branch(extracted, layers, capture, data, prepared.config, calibration))
+        finally:
+            extracted.splice()
+    return results
+
+
+def _rewrite_branch(extracted, layers, capture: BranchCapture, data, config: QuantConfig,
+                    calibration: CalibrationConfig) -> BranchResult:
+    node, attr = extracted.node, extracted.attribute
+    feeds = BranchData(capture, data, calibration.batch_size, node.inputs[0].name, attr == "then_branch",
+                       [v.name for v in extracted.model.graph.inputs])
+    config = branch_config(config, extracted.model.graph)
+    if feeds.num_samples == 0 or config is None:
+        why = "no calibration sample took this branch" if config is not None else "outside --scope"
+        return BranchResult(node.name, attr, layers, reason=why)
+    extracted.type_inputs(next(iter(feeds.batches(calibration.batch_size))))
+    prepared = prepare_eval(extracted.model, config, f"{node.name} ({attr})")
+    if prepared.model is not extracted.model:  # the enclosing model's opset is raised first: never here
+        raise AssertionError(f"the branch model of If '{node.name}' ({attr}) was replaced while it was prepared")
+    observed = None
+    tensors = prepared.tensors_to_calibrate()
+    if tensors:
+        observed = cal.collect_ranges(prepared.model, tensors, feeds, calibration, prepared.config,
+                                      whole=prepared.whole_range_tensors())
+    inner = _rewrite_branches(prepared, feeds, calibration)
+    found = observed.ranges if observed is not None else {}
+    encoding = encode_eval(prepared, found)
+    warnings, notes = eval_messages(prepared, encoding, found, observed, [], inner)
+    result = RewriteResult(prepared.model, Files(f"{node.name} ({attr})", None), prepared, encoding, observed,
+                           None, warnings, notes, {}, inner)
+    return BranchResult(node.name, attr, layers, result=result, samples=feeds.num_samples)
 
 
 def _given_ranges(given: cal.GivenRanges, prepared) -> dict:

@@ -343,7 +343,10 @@ QOPERATOR_OPS = ("QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMul
                  "QLinearSoftmax", "QAttention", "DynamicQuantizeLSTM", "MatMulNBits")
 # the pieces of the names qtool gives its quantizers (``conv1/weights_quant/DequantizeLinear`` ...)
 QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_quant/", "input_quant/",
-                         "bias_quant/", "lstm_quant/", "_quant/")
+                         "bias_quant/", "lstm_quant/", "_quant/",
+                         # the DequantizeLinear nodes of the kernel forms (eval_graph, kernel_forms)
+                         "/input_channels/DequantizeLinear", "/space_to_depth/DequantizeLinear",
+                         "/gate_tile/DequantizeLinear", "/depthwise/DequantizeLinear")
 
 
 _NUMBERED_QUANTIZER = re.compile(r"_quant_\d+/")  # a second quantizer of one context: ``carried_quant_1/``

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 
 def name_unnamed_nodes(graph: ir.Graph) -> int:
-    """Give every unnamed top-level node a stable name, and a node whose name an earlier node already
+    """Give every unnamed node (subgraphs' included) a stable name, and a node whose name an earlier node already
     has ``<name>_<k>`` (ONNX wants node names unique; onnx.checker and onnxruntime accept repeats, and
     exporters write them: spox names many ``Constant`` nodes ``F0::anon``); returns how many were named."""
     used = {node.name for node in graph.all_nodes() if node.name}
@@ -27,7 +27,7 @@ def name_unnamed_nodes(graph: ir.Graph) -> int:
     unnamed: Counter[str] = Counter()
     repeated: Counter[str] = Counter()
     named = 0
-    for node in graph:
+    for node in graph.all_nodes():  # If/Loop/Scan bodies too: their layers are reported and quantized by name
         if node.name and node.name not in seen:
             seen.add(node.name)
             continue
@@ -76,12 +76,18 @@ class NameScope:
 
     @staticmethod
     def _unique(base: str, used: set[str]) -> str:
+        name = NameScope.fresh(base, used)
+        used.add(name)
+        return name
+
+    @staticmethod
+    def fresh(base: str, used: set[str]) -> str:
+        """``base``, or ``base_k`` with the first k that is not in ``used``."""
         name = base
         k = 1
         while name in used:
             name = f"{base}_{k}"
             k += 1
-        used.add(name)
         return name
 
     def node(self, base: str) -> str:

@@ -60,7 +60,7 @@ class EvalGraph:
 def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
     """The model at the opset the Q/DQ encoding of ``config`` needs (unchanged when it has it)."""
     target = needed_opset(config)
-    if default_opset(model) >= target or not any(is_layer(n) for n in model.graph):
+    if default_opset(model) >= target or not any(is_layer(n) for n in model.graph.all_nodes()):
         return model
     if any(n.domain == "" and n.op_type == "DequantizeLinear" for n in model.graph):
         return model  # already quantized (by qtool: another tool's model is refused before): nothing new

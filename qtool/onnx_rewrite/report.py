@@ -41,6 +41,32 @@ class Files:
 
 
 @dataclass
+class BranchResult:
+    """One If branch: quantized as a model of its own (``result``), or left float (``reason``)."""
+
+    node: str
+    attribute: str
+    layers: list[tuple[str, str]]  # (name, op) of its layer ops, for the report of a branch left float
+    result: RewriteResult | None = None
+    samples: int = 0  # calibration samples that took it
+    reason: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"inside If '{self.node}' ({self.attribute})"
+
+    def left_in_float(self) -> list[dict]:
+        if self.result is None:
+            return [{"node": name, "op": op, "reason": f"{self.where}: {self.reason}"} for name, op in self.layers]
+        return [{**x, "reason": f"{self.where}: {x['reason']}"} for x in self.result.left_in_float()]
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "attribute": self.attribute, "quantized": self.result is not None,
+                "samples": self.samples, "reason": self.reason,
+                "counts": self.result.counts() if self.result is not None else None}
+
+
+@dataclass
 class RewriteResult:
     """The rewritten model (an ``onnx_ir.Model``) and what was done to it."""
 
@@ -53,6 +79,7 @@ class RewriteResult:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    branches: list[BranchResult] = field(default_factory=list)  # the If branches that hold layer ops
 
     @property
     def config(self) -> QuantConfig:
@@ -65,12 +92,15 @@ class RewriteResult:
     def left_in_float(self) -> list[dict]:
         """What runs in float, with the reason (an Add fused with its Relu into QLinearAdd does not)."""
         p, e = self.prepared, self.encoding
-        return ([x.to_dict() for x in p.folds.skipped] + [x.to_dict() for x in p.plan.left_in_float if not _fused(x)]
-                + [x.to_dict() for x in e.left_in_float])
+        handled = {name for b in self.branches for name, _ in b.layers}  # said by the branch, as it is now
+        plan = [x.to_dict() for x in p.plan.left_in_float
+                if not _fused(x) and not (x.reason.endswith(IN_SUBGRAPH) and x.node in handled)]
+        return ([x.to_dict() for x in p.folds.skipped] + plan + [x.to_dict() for x in e.left_in_float]
+                + [x for b in self.branches for x in b.left_in_float()])
 
     def counts(self) -> dict:
         plan, e, folds = self.prepared.plan, self.encoding, self.prepared.folds
-        return {
+        counts = {
             "batch_norms_folded": len(folds.folded),
             "batch_norms_not_folded": len(folds.skipped),
             **_affine_counts(folds),
@@ -91,6 +121,12 @@ class RewriteResult:
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
         }
+        for branch in self.branches:  # the model's totals: the quantized If branches added in
+            if branch.result is not None:
+                for key, n in branch.result.counts().items():
+                    if key != "left_in_float":  # already the merged list's length
+                        counts[key] += n
+        return counts
 
     def to_dict(self) -> dict:
         p, e = self.prepared, self.encoding
@@ -128,6 +164,7 @@ class RewriteResult:
             "external_data": self.files.external_data,
             **({"ranges_from": self.ranges_from} if self.ranges_from else {}),
             "timings": dict(self.timings),
+            **({"if_branches": [b.to_dict() for b in self.branches]} if self.branches else {}),
         }
 
     def format_text(self) -> str:
@@ -140,9 +177,9 @@ def _fused(x) -> bool:
 
 
 def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | None, calibration,
-                  ignored_arrays: list[str]) -> tuple[list[str], list[str]]:
+                  ignored_arrays: list[str], branches: list[BranchResult] = ()) -> tuple[list[str], list[str]]:
     """The warnings and notes of an eval rewrite (``calibration``: its result, which says what is wrong
-    with the data; None when the ranges came from elsewhere)."""
+    with the data; None when the ranges came from elsewhere), its quantized If branches' included."""
     warnings: list[str] = list(prepared.warnings)
     notes: list[str] = []
     if prepared.plan.new_activations() and ranges is None:
@@ -173,10 +210,16 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)
     plan = prepared.plan
+    done = [b for b in branches if b.result is not None]
+    for branch in done:
+        warnings += [f"{branch.where}: {w}" for w in branch.result.warnings]
+        notes += [n for n in branch.result.notes if n not in notes]
     inside = [x for x in plan.left_in_float if x.reason.endswith(IN_SUBGRAPH)]
-    if inside and not plan.weights and not plan.recurrent:  # silero-vad's: all its work in one If on sr
-        warnings.append(f"no layer quantized: all {len(inside)} layer op(s) are inside If/Loop/Scan bodies, which "
-                        "qtool does not rewrite; the output computes the float model")
+    if inside and not plan.weights and not plan.recurrent and not done:  # silero-vad's: all its work in one If
+        why = "; ".join(dict.fromkeys(f"{b.where}: {b.reason}" for b in branches)) or \
+            "Loop/Scan bodies are not rewritten"
+        warnings.append(f"no layer quantized: all {len(inside)} layer op(s) are inside If/Loop/Scan bodies "
+                        f"({why}); the output computes the float model")
     if plan.is_empty() and any(p.exists for p in plan.weights + plan.activations) and not prepared.folds.folded:
         notes.append("the model is already quantized: nothing to do")
         asked = {k: v for k, v in prepared.config.to_dict().items() if v != QuantConfig().to_dict()[k]}
@@ -260,6 +303,10 @@ def _ranges_source(s: dict) -> str:
     calib = s.get("calibration")
     if calib:
         return f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
+    taken = [b for b in s.get("if_branches", []) if b["quantized"]]
+    if taken:
+        samples = ", ".join(str(b["samples"]) for b in taken)
+        return f"calibrated in If branches: {samples} samples"
     if s.get("ranges_from"):
         return f"ranges from {s['ranges_from']}"
     if s["counts"]["activations_quantized"]:

@@ -57,13 +57,26 @@ def hard_swish_model(tmp_path_factory):
     return save(b.proto([y]), folder / "float.onnx"), x_data(8, 3, 8, 8), folder
 
 
-@pytest.mark.parametrize("which", ["float_model", "hard_swish_model"])
+@pytest.fixture(scope="module")
+def rgb_stem_model(tmp_path_factory):
+    """An RGB stem: qtool's output pads its input codes to 4 channels (a DequantizeLinear of its own)."""
+    b = Builder()
+    x = b.input("x", ["N", 3, 16, 16])
+    y = b.node("Relu", [b.bn(b.conv(x, 3, 16, name="stem"), 16, name="bn1")])
+    y = b.conv(y, 16, 8, name="c2")
+    folder = tmp_path_factory.mktemp("already_stem")
+    return save(b.proto([y]), folder / "float.onnx"), x_data(8, 3, 16, 16), folder
+
+
+@pytest.mark.parametrize("which", ["float_model", "hard_swish_model", "rgb_stem_model"])
 def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
     path, x, folder = request.getfixturevalue(which)
     first = qtool.rewrite_eval(path, str(folder / "q.onnx"), calibration_data={"x": x})
     if which == "hard_swish_model":
         assert first.summary["counts"]["hard_sigmoids_integer"] == 1
         assert first.summary["counts"]["scalar_operands_integer"] == 2
+    if which == "rgb_stem_model":  # its DequantizeLinear is named '<stem>/input_channels/DequantizeLinear'
+        assert first.summary["counts"]["conv_inputs_padded"] == 1
     again = qtool.rewrite_eval(str(folder / "q.onnx"), str(folder / "q2.onnx"))
     assert first.summary["changed"] and not again.summary["changed"]
     assert "already quantized: nothing to do" in again.summary["notes"][-1]

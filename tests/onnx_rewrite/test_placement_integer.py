@@ -361,9 +361,10 @@ def test_a_matmul_bias_is_int32_only_where_onnxruntime_makes_a_gemm(tokens, tmp_
     assert len(train.contract["bias_quantizers"]) == int32_biases  # the training graph adds what is deployed
 
 
-def test_a_layer_inside_an_if_branch_is_reported_as_float(tmp_path):
-    """qtool does not rewrite subgraphs (silero VAD keeps its LSTM in an ``If``): the model still
-    deploys and runs, and the report names the layer in the branch instead of calling it quantized."""
+def test_a_layer_inside_an_if_branch_is_quantized_or_reported_as_float(tmp_path):
+    """An If branch is quantized as a model of its own on the samples that take it (silero VAD keeps
+    all its work in an ``If``; tests/onnx_rewrite/test_if_branches.py); a branch no sample took stays
+    float, and the report names its layer instead of calling it quantized."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -380,10 +381,9 @@ def test_a_layer_inside_an_if_branch_is_reported_as_float(tmp_path):
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.normal(size=(4, 3, 16, 16)).astype(np.float32)
     quantized, result = quantize(proto, {"x": x, "flag": np.array(True)})
-    left = result.summary["left_in_float"]
-    assert [(e["op"], e["reason"]) for e in left] == \
-        [("Conv", "inside If 'branch' (then_branch): qtool does not rewrite subgraphs")]
-    assert result.summary["counts"]["layers_quantized"] == 1
+    assert result.summary["left_in_float"] == []
+    assert result.summary["counts"]["layers_quantized"] == 2
+    assert optimized_ops(quantized, tmp_path)["If"] == 1
     session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
     float_session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for flag in (True, False):
@@ -394,9 +394,11 @@ def test_a_layer_inside_an_if_branch_is_reported_as_float(tmp_path):
     del proto.graph.node[0]  # the branch's Conv is now the only layer (silero-vad: all of it in one If on sr)
     proto.graph.node[0].input[0] = "x"
     proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 8
-    _, result = quantize(proto, {"x": rng.normal(size=(4, 8, 16, 16)).astype(np.float32), "flag": np.array(True)})
-    assert result.summary["warnings"] == ["no layer quantized: all 1 layer op(s) are inside If/Loop/Scan bodies, "
-                                          "which qtool does not rewrite; the output computes the float model"]
+    _, result = quantize(proto, {"x": rng.normal(size=(4, 8, 16, 16)).astype(np.float32), "flag": np.array(False)})
+    why = "inside If 'branch' (then_branch): no calibration sample took this branch"
+    assert [(e["op"], e["reason"]) for e in result.summary["left_in_float"]] == [("Conv", why)]
+    assert result.summary["warnings"] == [f"no layer quantized: all 1 layer op(s) are inside If/Loop/Scan bodies "
+                                          f"({why}); the output computes the float model"]
 
 
 def test_a_dead_depthwise_channel_keeps_the_weight_zero_points_0(tmp_path):

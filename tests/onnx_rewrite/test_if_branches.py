@@ -1,0 +1,192 @@
+"""If branches quantized as models of their own (``onnx_rewrite.branches``).
+
+The models are written the way the Silero VAD exports are: all the work inside an ``If`` on the
+sample rate, weights as the enclosing graph's initializers (the opset-18 dynamo export) or as
+Constant nodes inside the branch (the TorchScript export), an If nested in a branch, unnamed nodes.
+"""
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import qtool
+from qtool.onnx_rewrite.branches import finish_branches
+
+RNG = np.random.default_rng(20261124)
+FLOAT_LAYERS = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul"}
+
+
+def _weights(*shape):
+    return (RNG.standard_normal(shape) * 0.3).astype(np.float32)
+
+
+def _const(name, array):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name + "_value"))
+
+
+def _branch(tag: str, x: str, w_outer: str, constant_weights: bool, nested: bool = False) -> onnx.GraphProto:
+    """Conv (outer weight) -> Relu -> Conv (weight as a Constant node or outer) -> Relu -> mean over time."""
+    w2 = f"{tag}_w2"
+    nodes = [helper.make_node("Conv", [x, w_outer], [f"{tag}_c1"], pads=[1, 1]),  # unnamed, as exporters write
+             helper.make_node("Relu", [f"{tag}_c1"], [f"{tag}_r1"])]
+    if constant_weights:
+        nodes.insert(0, _const(w2, _weights(8, 8, 3)))
+    if nested:  # an If inside the branch on the sign of the mean, each side a Conv of its own
+        inner = [
+            helper.make_node("ReduceMean", [f"{tag}_c1"], [f"{tag}_m"], keepdims=0),
+            helper.make_node("Greater", [f"{tag}_m", "zero"], [f"{tag}_pos"]),
+            helper.make_node("If", [f"{tag}_pos"], [f"{tag}_r2"], name=f"{tag}_inner",
+                             then_branch=_single_conv(f"{tag}_t", f"{tag}_r1"),
+                             else_branch=_single_conv(f"{tag}_e", f"{tag}_r1")),
+        ]
+        nodes += inner
+    else:
+        nodes += [helper.make_node("Conv", [f"{tag}_r1", w2 if constant_weights else "w2"], [f"{tag}_c2"], pads=[1, 1]),
+                  helper.make_node("Relu", [f"{tag}_c2"], [f"{tag}_r2"])]
+    nodes += [helper.make_node("GlobalAveragePool", [f"{tag}_r2"], [f"{tag}_p"]),
+              helper.make_node("Flatten", [f"{tag}_p"], [f"{tag}_out"])]
+    out = helper.make_tensor_value_info(f"{tag}_out", TensorProto.FLOAT, None)
+    return helper.make_graph(nodes, tag, [], [out])
+
+
+def _single_conv(tag: str, x: str) -> onnx.GraphProto:
+    nodes = [_const(f"{tag}_w", _weights(8, 8, 3)),
+             helper.make_node("Conv", [x, f"{tag}_w"], [f"{tag}_c"], pads=[1, 1]),
+             helper.make_node("Relu", [f"{tag}_c"], [f"{tag}_y"])]
+    return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_y", TensorProto.FLOAT, None)])
+
+
+def silero_like(opset=18, constant_weights=False, nested=False) -> onnx.ModelProto:
+    """``y = If(sr == 16000, then: net(x; w16), else: net(x; w8))``, x ``[N, 4, 32]``."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 32])
+    sr = helper.make_tensor_value_info("sr", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
+    inits = [numpy_helper.from_array(_weights(8, 4, 3), "w16"), numpy_helper.from_array(_weights(8, 4, 3), "w8"),
+             numpy_helper.from_array(_weights(8, 8, 3), "w2"), numpy_helper.from_array(np.array(16000), "k16"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
+    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16"]),
+             helper.make_node("If", ["is16"], ["y"], name="by_rate",
+                              then_branch=_branch("t", "x", "w16", constant_weights, nested),
+                              else_branch=_branch("e", "x", "w8", constant_weights, nested))]
+    graph = helper.make_graph(nodes, "silero_like", [x, sr], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def data(n=16, sr=16000):
+    return {"x": np.random.default_rng(7).standard_normal((n, 4, 32)).astype(np.float32), "sr": np.array(sr)}
+
+
+def run(model, feeds, tmp_path=None):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if tmp_path is not None:
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def branch_ops(path) -> dict[str, Counter]:
+    """Op counts of each branch (any depth) of onnxruntime's optimized graph, by branch graph name."""
+    found = {}
+
+    def walk(graph):
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    found[f"{node.name}.{attr.name}"] = Counter(n.op_type for n in attr.g.node)
+                    walk(attr.g)
+    walk(onnx.load(str(path)).graph)
+    return found
+
+
+def sqnr(want, got):
+    return 10 * np.log10(np.sum(want ** 2) / np.sum((want - got) ** 2))
+
+
+@pytest.mark.parametrize("opset,constant_weights", [(18, False), (17, True), (11, False)])
+def test_the_branch_taken_runs_in_integers(opset, constant_weights, tmp_path):
+    model = silero_like(opset, constant_weights)
+    result = qtool.rewrite_eval(model, calibration_data=data())
+    out = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(out, full_check=True)
+    got, want = run(out, data(), tmp_path), run(model, data())
+    assert sqnr(want, got) > 25
+    ops = branch_ops(tmp_path / "optimized.onnx")
+    then, other = ops["by_rate.then_branch"], ops["by_rate.else_branch"]
+    assert then["QLinearConv"] == 2 and not FLOAT_LAYERS & set(then), then
+    assert other["Conv"] + other["FusedConv"] == 2 and not other["QLinearConv"], other  # 8 kHz: no sample took it
+    counts = result.counts()
+    assert counts["layers_quantized"] == 2 and counts["activations_quantized"] > 0
+    left = {x["node"]: x["reason"] for x in result.left_in_float()}
+    assert len(left) == 2 and all(r == "inside If 'by_rate' (else_branch): no calibration sample took this branch"
+                                  for r in left.values()), left
+    assert result.summary["if_branches"][0] == {"node": "by_rate", "attribute": "then_branch", "quantized": True,
+                                                "samples": 16, "reason": None,
+                                                "counts": result.branches[0].result.counts()}
+    assert "calibrated in If branches: 16 samples" in result.format_text()
+    assert not result.warnings
+    # the 8 kHz data takes the other branch, which then is the quantized one
+    result8 = qtool.rewrite_eval(model, calibration_data=data(sr=8000))
+    assert [b.samples for b in result8.branches] == [0, 16] and result8.branches[1].result is not None
+    assert sqnr(run(model, data(sr=8000)), run(result8.model, data(sr=8000))) > 25
+
+
+def test_outer_weights_only_the_branches_read_are_not_kept_float(tmp_path):
+    result = qtool.rewrite_eval(silero_like(18), calibration_data=data())
+    top = ir.serde.serialize_model(result.model).graph
+    names = {i.name for i in top.initializer}
+    assert "w16" not in names  # quantized inside the branch: its float copy is gone
+    assert {"w8", "w2"} <= names  # still read by the float branch
+
+
+def test_nested_if_branches_are_quantized_on_the_samples_that_take_them(tmp_path):
+    model = silero_like(17, constant_weights=True, nested=True)
+    feeds = data(32)
+    result = qtool.rewrite_eval(model, calibration_data=feeds, calibration=qtool.config.CalibrationConfig(batch_size=1))
+    inner = result.branches[0].result.branches
+    assert [(b.node, b.attribute) for b in inner] == [("t_inner", "then_branch"), ("t_inner", "else_branch")]
+    assert sum(b.samples for b in inner) == 32 and all(b.result is not None for b in inner), \
+        [(b.samples, b.reason) for b in inner]
+    out = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(out, full_check=True)
+    got = np.concatenate([run(out, {"x": feeds["x"][i:i + 1], "sr": feeds["sr"]}, tmp_path) for i in range(32)])
+    want = np.concatenate([run(model, {"x": feeds["x"][i:i + 1], "sr": feeds["sr"]}) for i in range(32)])
+    assert sqnr(want, got) > 25
+    ops = branch_ops(tmp_path / "optimized.onnx")
+    assert ops["t_inner.then_branch"]["QLinearConv"] == 1 and ops["t_inner.else_branch"]["QLinearConv"] == 1, ops
+    assert result.counts()["layers_quantized"] == 3  # the 16 kHz branch's first conv and both inner ones
+
+
+def test_without_calibration_data_the_branches_stay_float_and_say_why():
+    result = qtool.rewrite_eval(silero_like(18))
+    assert result.counts()["layers_quantized"] == 0
+    reasons = {x["reason"] for x in result.left_in_float()}
+    assert reasons == {f"inside If 'by_rate' ({a}): calibrated on --data only (a ranges file has no range inside it)"
+                       for a in ("then_branch", "else_branch")}
+    assert any(w.startswith("no layer quantized: all 4 layer op(s) are inside If/Loop/Scan bodies") for w in
+               result.warnings)
+
+
+def test_names_a_branch_repeats_from_the_enclosing_graph_are_renamed():
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT))
+    top_relu = ir.node("Relu", [x], name="r")
+    top_relu.outputs[0].name = "a/quant"
+    body_relu = ir.node("Relu", [top_relu.outputs[0]])
+    body_relu.outputs[0].name = "a/quant"  # what a branch model named without seeing the enclosing graph
+    body = ir.Graph([], [body_relu.outputs[0]], nodes=[body_relu], name="b")
+    other = ir.node("Identity", [x])
+    other.outputs[0].name = "x2"
+    cond = ir.Value(name="c", type=ir.TensorType(ir.DataType.BOOL))
+    node = ir.node("If", [cond], attributes={"then_branch": body,
+                                              "else_branch": ir.Graph([], other.outputs, nodes=[other], name="o")},
+                   num_outputs=1)
+    graph = ir.Graph([x, cond], node.outputs, nodes=[top_relu, node], opset_imports={"": 18})
+    finish_branches(graph)
+    assert top_relu.outputs[0].name == "a/quant" and body_relu.outputs[0].name == "a/quant_1"
+    assert other.outputs[0].name == "x2"
