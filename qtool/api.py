@@ -33,6 +33,7 @@ from qtool.model.io import (
     save_model,
     same_file,
 )
+from qtool.model.opset import inferred_types
 from qtool.calibrate.branch_data import BranchCapture, BranchData
 from qtool.onnx_rewrite.branches import (
     branch_config,
@@ -42,7 +43,7 @@ from qtool.onnx_rewrite.branches import (
     if_branches,
     outer_reads,
 )
-from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_eval
+from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_branch, prepare_eval
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate.config import SimulateConfig
@@ -112,7 +113,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
     clock.lap("fold")
-    observed, ranges_from = None, None
+    observed, ranges_from, given_all = None, None, None
     tensors = prepared.tensors_to_calibrate()
     if data is not None and tensors:
         observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
@@ -120,12 +121,13 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         found = observed.ranges
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
-        found = cal.select(_given_ranges(given, prepared), tensors, label)
+        given_all = _given_ranges(given, prepared)  # If branches' tensors too
+        found = cal.select(given_all, tensors, label)
         ranges_from = os.fspath(ranges) if isinstance(ranges, (str, os.PathLike)) else "<ranges>"
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
-    branches = _rewrite_branches(prepared, data, calibration)
+    branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all)
     clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
     if branches:
@@ -139,57 +141,77 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
                          clock.laps, branches)
 
 
-def _rewrite_branches(prepared, data: CalibrationData | None, calibration: CalibrationConfig) -> list[BranchResult]:
-    """Every If branch of ``prepared``'s graph that holds a layer op, quantized as a model of its own
-    (``onnx_rewrite.branches``) on the tensors the calibration data gives it; its own If branches in
-    turn. Branches are calibrated on data only (a ranges file holds the enclosing graph's tensors)."""
-    found = if_branches(prepared.model.graph)
-    if not found:
-        return []
-    if data is None:
-        why = "calibrated on --data only (a ranges file has no range inside it)"
-        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
-    reads = [v for node, attr in found for v in outer_reads(node.attributes[attr].as_graph())]
-    try:
-        capture = BranchCapture(prepared.model, reads, [node.inputs[0] for node, _ in found])
-    except QtoolError as exc:
-        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=str(exc)) for node, attr in found]
+def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, calibration: CalibrationConfig,
+                      given: dict | None = None, encode: bool = True) -> list[BranchResult]:
+    """Every If branch of ``model``'s graph that holds a layer op, quantized as a model of its own
+    (``onnx_rewrite.branches``): calibrated on the tensors ``data`` gives it (or its ranges taken from
+    ``given``, named as a calibration names them), encoded (``encode``), and moved back; its own If
+    branches in turn. ``encode=False``: only calibrated (``BranchResult.ranges``), for a ranges file."""
+    found = if_branches(model.graph)
+    capture = None
+    if found and data is not None:
+        reads = [v for node, attr in found for v in outer_reads(node.attributes[attr].as_graph())]
+        try:
+            capture = BranchCapture(model, reads, [node.inputs[0] for node, _ in found])
+        except QtoolError as exc:
+            return [BranchResult(node.name, attr, branch_layers(node, attr), reason=str(exc)) for node, attr in found]
+    types = inferred_types(model.graph) if found else {}
     results = []
     for node, attr in found:
         layers = branch_layers(node, attr)
-        extracted = extract_branch(node, attr, prepared.model)
+        extracted = extract_branch(node, attr, model, types)
         try:
-            results.append(_rewrite_branch(extracted, layers, capture, data, prepared.config, calibration))
+            done = _rewrite_branch(extracted, capture, data, config, calibration, given, encode)
+            results.append(BranchResult(node.name, attr, layers, reason=done) if isinstance(done, str) else
+                           BranchResult(node.name, attr, layers, *done))
         finally:
             extracted.splice()
     return results
 
 
-def _rewrite_branch(extracted, layers, capture: BranchCapture, data, config: QuantConfig,
-                    calibration: CalibrationConfig) -> BranchResult:
+def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig, given, encode):
+    """A branch model's rewrite: ``(result, ranges, samples)``, or the reason it stays float."""
     node, attr = extracted.node, extracted.attribute
-    feeds = BranchData(capture, data, calibration.batch_size, node.inputs[0].name, attr == "then_branch",
-                       [v.name for v in extracted.model.graph.inputs])
     config = branch_config(config, extracted.model.graph)
-    if feeds.num_samples == 0 or config is None:
-        why = "no calibration sample took this branch" if config is not None else "outside --scope"
-        return BranchResult(node.name, attr, layers, reason=why)
-    extracted.type_inputs(next(iter(feeds.batches(calibration.batch_size))))
-    prepared = prepare_eval(extracted.model, config, f"{node.name} ({attr})")
-    if prepared.model is not extracted.model:  # the enclosing model's opset is raised first: never here
-        raise AssertionError(f"the branch model of If '{node.name}' ({attr}) was replaced while it was prepared")
-    observed = None
-    tensors = prepared.tensors_to_calibrate()
-    if tensors:
-        observed = cal.collect_ranges(prepared.model, tensors, feeds, calibration, prepared.config,
-                                      whole=prepared.whole_range_tensors())
-    inner = _rewrite_branches(prepared, feeds, calibration)
-    found = observed.ranges if observed is not None else {}
+    if config is None:
+        return "outside --scope"
+    feeds = None
+    if capture is not None:
+        feeds = BranchData(capture, data, calibration.batch_size, node.inputs[0].name, attr == "then_branch",
+                           [v.name for v in extracted.model.graph.inputs])
+        if feeds.num_samples == 0:
+            return "no calibration sample took this branch"
+        extracted.type_inputs(next(iter(feeds.batches(calibration.batch_size))))
+    elif given is None:
+        return "not calibrated (no --data or --ranges)"
+    prepared = prepare_branch(extracted.model, config)
+    tensors, observed = prepared.tensors_to_calibrate(), None
+    # a branch's ranges are named "<If>:<branch>:<tensor>": sibling branches read one enclosing tensor,
+    # each calibrated on its own samples
+    scope = f"{node.name}:{attr}:"
+    if feeds is not None:
+        if tensors:
+            observed = cal.collect_ranges(prepared.model, tensors, feeds, calibration, prepared.config,
+                                          whole=prepared.whole_range_tensors())
+        found = observed.ranges if observed is not None else {}
+    else:
+        given = {name[len(scope):]: r for name, r in given.items() if name.startswith(scope)}
+        missing = [t for t in tensors if t not in given]
+        if missing:
+            return (f"the ranges have none for its tensors (e.g. '{scope}{missing[0]}'): calibrate it with --data "
+                    "or qtool calibrate")
+        found = {t: given[t] for t in tensors}
+    inner = _rewrite_branches(prepared.model, prepared.config, feeds, calibration, given, encode)
+    ranges = {scope + name: r for name, r in found.items()}
+    ranges.update({scope + name: r for branch in inner for name, r in branch.ranges.items()})
+    samples = feeds.num_samples if feeds is not None else 0
+    if not encode:
+        return None, ranges, samples
     encoding = encode_eval(prepared, found)
     warnings, notes = eval_messages(prepared, encoding, found, observed, [], inner)
     result = RewriteResult(prepared.model, Files(f"{node.name} ({attr})", None), prepared, encoding, observed,
                            None, warnings, notes, {}, inner)
-    return BranchResult(node.name, attr, layers, result=result, samples=feeds.num_samples)
+    return result, ranges, samples
 
 
 def _given_ranges(given: cal.GivenRanges, prepared) -> dict:
@@ -271,12 +293,20 @@ def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
 
 
 def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
-    whole = []
-    if tensors is None:
+    whole, planned = [], tensors is None
+    if planned:
         plan = fold_and_plan(ir_model, quant)[2]
         tensors, whole = plan.tensors_to_calibrate(), plan.whole_range_tensors()
     loaded = load_calibration_data(data, input_specs(ir_model))
-    return cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress, whole=whole)
+    result = cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress, whole=whole)
+    if planned:  # the If branches' tensors too, named as rewrite-eval names them
+        result.ranges.update(_branch_ranges(ir_model, quant, loaded, calibration))
+    return result
+
+
+def _branch_ranges(model, quant: QuantConfig, data: CalibrationData, calibration: CalibrationConfig) -> dict:
+    return {name: r for branch in _rewrite_branches(model, quant, data, calibration, encode=False)
+            for name, r in branch.ranges.items()}
 
 
 def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig(),
@@ -336,8 +366,9 @@ def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateC
     scope = {"scope": config.scope, "exclude": config.exclude}
     widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs), **scope)
     tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
-    ranges = cal.collect_ranges(planned, tensors, data, CalibrationConfig(batch_size=config.batch_size), widest,
-                                progress).ranges if tensors else {}
+    calibration = CalibrationConfig(batch_size=config.batch_size)
+    ranges = cal.collect_ranges(planned, tensors, data, calibration, widest, progress).ranges if tensors else {}
+    ranges.update(_branch_ranges(planned, widest, data, calibration))
     out = []
     for wb, ab in pairs:
         result = rewrite_eval(model, quant=QuantConfig(wb, ab, **scope), ranges=ranges or None)

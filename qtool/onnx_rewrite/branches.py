@@ -132,15 +132,18 @@ def _rewire(graph: ir.Graph, mapping: dict[int, ir.Value]) -> None:
                 node.replace_input_with(index, mapping[id(value)])
 
 
-def extract_branch(node: ir.Node, attribute: str, model: ir.Model) -> Extracted:
+def extract_branch(node: ir.Node, attribute: str, model: ir.Model,
+                   types: dict[str, ir.DataType] | None = None) -> Extracted:
     """Move the body of ``node.<attribute>`` into a model of its own (opsets and IR version of
-    ``model``): the enclosing tensors it reads become graph inputs of the same names, the enclosing
-    constants (initializers, Constant nodes) initializers of the same names. The body is left empty
-    until :meth:`Extracted.splice`."""
+    ``model``): the enclosing tensors it reads become graph inputs of the same names (typed from
+    ``types``, onnx's inference, where the model does not type them), the enclosing constants
+    (initializers, Constant nodes) initializers of the same names. The body is left empty until
+    :meth:`Extracted.splice`."""
     body = node.attributes[attribute].as_graph()
     inputs, initializers, by_name, constants, mapping = [], [], {}, {}, {}
     for value in outer_reads(body):
-        copy = ir.Value(name=value.name, type=value.type,
+        vtype = value.type or (ir.TensorType(types[value.name]) if value.name in (types or {}) else None)
+        copy = ir.Value(name=value.name, type=vtype,
                         shape=ir.Shape(value.shape) if value.shape is not None else None)
         array = constant_array(value) if value.is_initializer() or _is_constant_node(value) else None
         if array is not None:

@@ -102,6 +102,13 @@ def prepare_eval(model: ir.Model, config: QuantConfig, label: str = "<model>") -
     return EvalGraph(model, config, names, folds, plan, trained, opset_in, ir_in, warnings)
 
 
+def prepare_branch(model: ir.Model, config: QuantConfig) -> EvalGraph:
+    """An If branch's model (``branches.extract_branch``) folded and planned in place: it has the enclosing
+    model's opset, raised (or not) with it."""
+    names, folds, plan = fold_and_plan(model, config)
+    return EvalGraph(model, config, names, folds, plan, None, default_opset(model), model.ir_version)
+
+
 CONTRACT_OPTIONS = ("weight_bits", "activation_bits", "symmetric", "per_channel", "scope", "exclude",
                     "symmetric_weights", "float_rnn", "round_mode")
 

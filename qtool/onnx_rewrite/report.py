@@ -48,15 +48,16 @@ class BranchResult:
     attribute: str
     layers: list[tuple[str, str]]  # (name, op) of its layer ops, for the report of a branch left float
     result: RewriteResult | None = None
+    ranges: dict = field(default_factory=dict)  # its tensors' ranges (its own If branches' included)
     samples: int = 0  # calibration samples that took it
-    reason: str | None = None
+    reason: str | None = None  # why it stays float
 
     @property
     def where(self) -> str:
         return f"inside If '{self.node}' ({self.attribute})"
 
     def left_in_float(self) -> list[dict]:
-        if self.result is None:
+        if self.result is None:  # float (or only calibrated, for a ranges file)
             return [{"node": name, "op": op, "reason": f"{self.where}: {self.reason}"} for name, op in self.layers]
         return [{**x, "reason": f"{self.where}: {x['reason']}"} for x in self.result.left_in_float()]
 
@@ -304,7 +305,7 @@ def _ranges_source(s: dict) -> str:
     if calib:
         return f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
     taken = [b for b in s.get("if_branches", []) if b["quantized"]]
-    if taken:
+    if taken and not s.get("ranges_from"):
         samples = ", ".join(str(b["samples"]) for b in taken)
         return f"calibrated in If branches: {samples} samples"
     if s.get("ranges_from"):

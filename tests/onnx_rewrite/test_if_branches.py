@@ -15,7 +15,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qtool
+from qtool.api import calibrate_to_file, simulate
 from qtool.onnx_rewrite.branches import finish_branches
+from qtool.simulate.config import SimulateConfig
 
 RNG = np.random.default_rng(20261124)
 FLOAT_LAYERS = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul"}
@@ -167,10 +169,33 @@ def test_without_calibration_data_the_branches_stay_float_and_say_why():
     result = qtool.rewrite_eval(silero_like(18))
     assert result.counts()["layers_quantized"] == 0
     reasons = {x["reason"] for x in result.left_in_float()}
-    assert reasons == {f"inside If 'by_rate' ({a}): calibrated on --data only (a ranges file has no range inside it)"
+    assert reasons == {f"inside If 'by_rate' ({a}): not calibrated (no --data or --ranges)"
                        for a in ("then_branch", "else_branch")}
     assert any(w.startswith("no layer quantized: all 4 layer op(s) are inside If/Loop/Scan bodies") for w in
                result.warnings)
+
+
+def test_a_ranges_file_holds_the_branches_tensors(tmp_path):
+    """calibrate -> rewrite-eval --ranges writes the model rewrite-eval --data writes, byte for byte."""
+    model = silero_like(17, constant_weights=True, nested=True)
+    feeds = data(32)
+    one = qtool.config.CalibrationConfig(batch_size=1)
+    direct = qtool.rewrite_eval(model, calibration_data=feeds, calibration=one)
+    summary = calibrate_to_file(model, feeds, tmp_path / "ranges.json", calibration=one)
+    assert summary.tensors > 0
+    via_file = qtool.rewrite_eval(model, ranges=tmp_path / "ranges.json")
+    assert via_file.counts()["layers_quantized"] == direct.counts()["layers_quantized"] == 3
+    assert ir.serde.serialize_model(via_file.model).SerializeToString() == \
+        ir.serde.serialize_model(direct.model).SerializeToString()
+    # a ranges file of another model has none of the branch's tensors: the branch stays float and says so
+    partial = qtool.rewrite_eval(model, ranges={"x": (-3.0, 3.0)})
+    assert all("the ranges have none for its tensors" in x["reason"] for x in partial.left_in_float()
+               if x["node"].startswith("t_"))
+
+
+def test_simulate_what_if_quantizes_the_branches():
+    report = simulate(silero_like(18), data(), SimulateConfig()).to_dict()
+    assert 20 < report["models"][0]["output"]["sqnr_db"] < 60  # quantized (a float branch compares exactly: inf)
 
 
 def test_names_a_branch_repeats_from_the_enclosing_graph_are_renamed():
