@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from qtool import calibrate as cal
+from qtool.calibrate.branch_data import BranchCapture, BranchData
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
@@ -34,7 +35,6 @@ from qtool.model.io import (
     same_file,
 )
 from qtool.model.opset import inferred_types
-from qtool.calibrate.branch_data import BranchCapture, BranchData
 from qtool.onnx_rewrite.branches import (
     branch_config,
     branch_layers,
