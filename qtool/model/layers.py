@@ -129,8 +129,11 @@ def per_output_channel(node: ir.Node, values: np.ndarray, channels: int) -> np.n
 
 
 def weight_is_quantized(weight: ir.Value) -> bool:
+    """A stored weight: a DequantizeLinear of constant codes (not one of an activation's quantizer, such
+    as an attention MatMul's quantized keys)."""
     producer = weight.producer()
-    return producer is not None and producer.domain == "" and producer.op_type == DEQUANTIZE
+    return (producer is not None and producer.domain == "" and producer.op_type == DEQUANTIZE
+            and is_constant(producer.inputs[0]))
 
 
 def check_layer(node: ir.Node) -> str | None:

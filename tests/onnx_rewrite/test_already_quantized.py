@@ -68,7 +68,21 @@ def rgb_stem_model(tmp_path_factory):
     return save(b.proto([y]), folder / "float.onnx"), x_data(8, 3, 16, 16), folder
 
 
-@pytest.mark.parametrize("which", ["float_model", "hard_swish_model", "rgb_stem_model"])
+@pytest.fixture(scope="module")
+def attention_model(tmp_path_factory):
+    """Self-attention: ``Softmax(q k^T) v`` with q, k, v Linears. In qtool's output the scores MatMul reads
+    a DequantizeLinear as its second input (the quantized keys), which is no stored weight."""
+    b = Builder()
+    x = b.input("x", ["N", 6, 8])
+    q, k, v = (b.matmul(x, 8, 8, bias=True, name=n) for n in ("q", "k", "v"))
+    scores = b.node("MatMul", [q, b.node("Transpose", [k], perm=[0, 2, 1])], name="scores")
+    y = b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v], name="mix")
+    y = b.matmul(y, 8, 4, bias=True, name="out")
+    folder = tmp_path_factory.mktemp("already_attention")
+    return save(b.proto([y]), folder / "float.onnx"), x_data(8, 6, 8), folder
+
+
+@pytest.mark.parametrize("which", ["float_model", "hard_swish_model", "rgb_stem_model", "attention_model"])
 def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
     path, x, folder = request.getfixturevalue(which)
     first = qtool.rewrite_eval(path, str(folder / "q.onnx"), calibration_data={"x": x})
