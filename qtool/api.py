@@ -115,10 +115,11 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("fold")
     observed, ranges_from, given_all = None, None, None
     tensors = prepared.tensors_to_calibrate()
-    if data is not None and tensors:
-        observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
-                                      whole=prepared.whole_range_tensors())
-        found = observed.ranges
+    if data is not None:  # (all of the model's tensors may be inside If branches)
+        if tensors:
+            observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
+                                          whole=prepared.whole_range_tensors())
+        found = observed.ranges if observed is not None else {}
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
         given_all = _given_ranges(given, prepared)  # If branches' tensors too
