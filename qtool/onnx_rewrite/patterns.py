@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from qtool.model.constants import clip_bounds
 from qtool.model.layers import LAYER_OPS
 from qtool.onnx_rewrite.matcher import (
     ChainPattern,
@@ -30,9 +31,25 @@ def _bn_where(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
     return None
 
 
+def keeps_positive(node: ir.Node) -> bool:
+    """A Clip whose floor is above 0 (``Clip(x, 1e-10)`` before a Log, as torchaudio-style log-mel front ends
+    write it): what it guarantees, a positive argument, no quantizer can keep, since every grid holds 0 (the
+    values below half a step round to 0, and the Log's to -inf). It is no activation to fuse: it stays float
+    and reads its input dequantized, its output unquantized."""
+    bounds = clip_bounds(node) if node.domain == "" and node.op_type == "Clip" else None
+    return bounds is not None and bounds[0] is not None and bounds[0] > 0
+
+
+def fused_activation(node: ir.Node) -> bool:
+    """``node`` is an activation onnxruntime fuses into the integer kernel before it (Relu, a Clip from 0)."""
+    return node.domain == "" and node.op_type in ACTIVATION_OPS and not keeps_positive(node)
+
+
 def _activation_where(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
     if view.input(node, 0) is not value:
         return "reads the tensor as a bound, not as its input"
+    if keeps_positive(node):
+        return "a Clip with a floor above 0 (a Log's guard), not an activation"
     return None
 
 

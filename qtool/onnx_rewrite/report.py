@@ -211,6 +211,7 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)
     plan = prepared.plan
+    warnings.extend(_log_warning(*found) for found in logs_of_quantized(prepared.model.graph, plan))
     done = [b for b in branches if b.result is not None]
     for branch in done:
         warnings += [f"{branch.where}: {w}" for w in branch.result.warnings]
@@ -228,6 +229,45 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
             warnings.append("the model is already quantized by qtool, so these options change nothing: "
                             + ", ".join(f"{k}={v}" for k, v in asked.items()) + "; rewrite the float model")
     return warnings, notes
+
+
+LOG_OPS = ("Log",)
+
+
+def logs_of_quantized(graph: ir.Graph, plan) -> list[tuple[ir.Node, ir.Value, list[ir.Node]]]:
+    """The Log nodes whose input is computed from a quantized activation: each with the quantized tensor
+    nearest to it and the layers it is computed by (nearest first)."""
+    quantized = {id(p.value) for p in plan.new_activations()}
+    layers = {id(m.layer) for m in plan.layers}
+    found = []
+    for node in graph:
+        if node.domain != "" or node.op_type not in LOG_OPS or node.inputs[0] is None:
+            continue
+        seen, frontier, nearest, on_way = set(), [node.inputs[0]], None, []
+        while frontier:  # breadth first: the nearest quantized tensor first
+            step = []
+            for v in frontier:
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+                nearest = nearest or (v if id(v) in quantized else None)
+                producer = v.producer()
+                if producer is not None:
+                    on_way += [producer] if id(producer) in layers and producer not in on_way else []
+                    step += [x for x in producer.inputs if x is not None]
+            frontier = step
+        if nearest is not None:
+            found.append((node, nearest, on_way))
+    return found
+
+
+def _log_warning(log: ir.Node, value: ir.Value, layers: list[ir.Node]) -> str:
+    names = [f"--exclude {n.name}" for n in layers[:4]] + ([f"... ({len(layers)} layers)"] if len(layers) > 4 else [])
+    advice = f" ({' '.join(names)})" if layers else ""
+    return (f"{log.op_type} '{log.name}' takes the log of values computed from the quantized '{value.name}': an "
+            "8-bit grid spans about 48 dB, so small values (a quiet power spectrum) round to 0 and their log to "
+            "its floor (openWakeWord's log-mel features of quiet audio: 100 dB below float's); "
+            f"what feeds a log-power is better left in float{advice}")
 
 
 def format_summary(s: dict) -> str:

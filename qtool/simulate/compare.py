@@ -263,6 +263,7 @@ def _weights(qg: g.QuantizedGraph, float_arrays: dict, lstms: list[g.LstmWeight]
                  w.dequantized, w.float_value) for w in lstms]
     out = []
     for base, deq, ref in entries:
+        deq = _unpadded(deq, ref)
         if deq is None or ref is None:
             out.append(WeightError(**base, problem="no float value to compare with"))
         elif ref.shape != deq.shape:
@@ -272,6 +273,19 @@ def _weights(qg: g.QuantizedGraph, float_arrays: dict, lstms: list[g.LstmWeight]
             fr, qr = value_ranges(st)
             out.append(WeightError(**base, error=ErrorNumbers.from_stats(st), float_range=fr, quantized_range=qr))
     return out
+
+
+def _unpadded(deq: np.ndarray | None, ref: np.ndarray | None) -> np.ndarray | None:
+    """``deq`` without the zero channels the eval graph padded it with (``channel_padding``: MTCNN's 10-channel
+    Conv input read as 12), so that it compares with the float weight; as it is otherwise."""
+    if deq is None or ref is None or deq.shape == ref.shape or deq.ndim != ref.ndim:
+        return deq
+    if any(d < r for d, r in zip(deq.shape, ref.shape)):
+        return deq
+    kept = tuple(slice(0, r) for r in ref.shape)
+    rest = deq.copy()
+    rest[kept] = 0
+    return deq[kept] if not rest.any() else deq
 
 
 def _tensor(act: g.ActivationQuantizer, layer: str | None, histograms: bool) -> TensorAcc:

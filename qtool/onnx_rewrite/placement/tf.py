@@ -51,7 +51,7 @@ from qtool.model.layers import (
     weight_rank,
 )
 from qtool.model.names import context_of
-from qtool.onnx_rewrite.patterns import ACTIVATION_OPS, LAYER_CHAIN, RANGE_PRESERVING_OPS
+from qtool.onnx_rewrite.patterns import LAYER_CHAIN, RANGE_PRESERVING_OPS, fused_activation
 from qtool.onnx_rewrite.placement.plan import LayerMatch, PlacementRule, PlanContext, WeightPoint
 
 
@@ -108,7 +108,7 @@ class LayerWeights(PlacementRule):
 
 def _feeds_activation(ctx: PlanContext, node: ir.Node) -> ir.Node | None:
     after = ctx.view.consumers(node.outputs[0])
-    acts = [c for c in after if c.domain == "" and c.op_type in ACTIVATION_OPS]
+    acts = [c for c in after if fused_activation(c)]
     return acts[0] if acts else None
 
 
@@ -204,7 +204,7 @@ class QuantizedArithmetic(PlacementRule):
         consumers = ctx.view.consumers(out)
         missing = [v for v in variable if not ctx.is_quantized(v)]
         kind = f"activation_{node.op_type}_quant"
-        if len(consumers) == 1 and consumers[0].domain == "" and consumers[0].op_type in ACTIVATION_OPS:
+        if len(consumers) == 1 and fused_activation(consumers[0]):
             act = consumers[0]
             ctx.left(node, f"output not quantized: it feeds {act.op_type} '{act.name}' (fused at inference)")
             if not missing and act.outputs[0] is not None:
@@ -215,6 +215,8 @@ class QuantizedArithmetic(PlacementRule):
                                    f"{act.op_type} after {node.op_type} of quantized inputs", act,
                                    after_activation=True)
             return
+        if len(missing) == len(variable):
+            return  # float arithmetic on float tensors (a log-mel's Log * 10): no placement failed
         if missing:
             ctx.left(node, f"output not quantized: input '{missing[0].name}' is not quantized")
             return
