@@ -7,6 +7,8 @@ exporters do), nodes may be left unnamed, and inputs have a dynamic batch.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -14,6 +16,18 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 RNG = np.random.default_rng(0)
+"""The tests' one generator. tests/conftest.py reseeds it (in place: modules that imported it see the new
+state) before each test's body and each fixture's set-up, from that test's or fixture's own key, so the data a
+test draws is a function of the test alone, not of which tests ran before it."""
+
+
+def seed_of(key: str) -> int:
+    """A stable seed for ``key`` (Python's ``hash`` of a str is salted per process)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "little")
+
+
+def reseed(key: str) -> None:
+    RNG.bit_generator.state = np.random.default_rng(seed_of(key)).bit_generator.state
 
 
 class Builder:

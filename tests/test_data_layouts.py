@@ -4,6 +4,7 @@ samples axis at all (a scalar sample rate), the way a voice-activity detector is
 import numpy as np
 import onnx
 import pytest
+from model_builders import RNG
 from onnx import TensorProto
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -16,7 +17,6 @@ from qtool.errors import QtoolError
 from qtool.model.io import load_model
 from qtool.simulate.config import SimulateConfig
 
-RNG = np.random.default_rng(5)
 
 
 def _vad_model(path, batch="batch"):

@@ -14,7 +14,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from finetune_helpers import CALIB, EVAL, MODEL
-from model_builders import gate_calibration, gate_inputs, gate_model
+from model_builders import RNG, gate_calibration, gate_inputs, gate_model
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.api import rewrite_train
@@ -176,7 +176,6 @@ def _check(op_type, inputs, consts=None, attrs=None, opset=13, n_out=1, tol=1e-5
         np.testing.assert_allclose(g, r, rtol=tol, atol=tol, err_msg=f"{op_type} {attrs}")
 
 
-RNG = np.random.default_rng(0)
 
 
 def _r(*shape):

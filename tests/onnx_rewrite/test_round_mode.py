@@ -14,7 +14,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from model_builders import gate_calibration, gate_inputs, gate_model
+from model_builders import RNG, gate_calibration, gate_inputs, gate_model
 from onnx import TensorProto, helper, numpy_helper
 
 from qtool.api import rewrite_eval, rewrite_train
@@ -24,7 +24,6 @@ from qtool.kernels import fake_quant_with_min_max_vars, nudged_range, quantize_c
 from qtool.onnx_rewrite.fake_quant_function import DOMAIN, NAME, fake_quant_model
 from qtool.onnx_rewrite.train_graph import METADATA_KEY
 
-RNG = np.random.default_rng(13)
 K, N = 8, 6
 
 

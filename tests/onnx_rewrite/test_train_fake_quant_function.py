@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from model_builders import RNG
 from onnx import TensorProto, helper
 
 from qtool.kernels import (
@@ -20,7 +21,6 @@ from qtool.kernels import (
 from qtool.onnx_rewrite.fake_quant_function import DOMAIN, DOMAIN_VERSION, NAME, fake_quant_model, function_proto
 
 CONFIGS = [(bits, narrow) for bits in range(2, 17) for narrow in (False, True)]
-RNG = np.random.default_rng(5)
 
 
 def bits_of(a):

