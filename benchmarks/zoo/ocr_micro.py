@@ -20,7 +20,6 @@ onnxruntime's optimized op list printed, so the number is the kernel's and not t
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile

@@ -104,7 +104,7 @@ def test_fold_conv_with_separate_bias_add():
 def test_fold_keeps_graph_output_name():
     b = Builder()
     x = b.input("x", ["N", 3, 6, 6])
-    y = b.bn(b.conv(x, 3, 4), 4)
+    b.bn(b.conv(x, 3, 4), 4)
     b.nodes[-1].output[0] = "logits"
     b.output("logits")
     proto = b.proto()
