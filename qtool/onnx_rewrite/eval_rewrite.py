@@ -26,6 +26,7 @@ from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, neede
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
+from qtool.onnx_rewrite.kernel_forms import prelus_from_sums
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
 from qtool.onnx_rewrite.train_graph import TrainedState, is_training_graph, strip_training_graph
 
@@ -80,6 +81,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     (the deployed weights and biases are then bit for bit those it trained with)."""
     graph = model.graph
     name_unnamed_nodes(graph)
+    prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
     check_exclude(graph, config.exclude, config.scope)
     names = NameScope(graph)
     affine = fold_affine(graph, names, exclude=config.exclude)

@@ -118,6 +118,7 @@ class RewriteResult:
             "convs_on_space_to_depth": len(e.space_to_depth),
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
+            "prelus_as_sums": len(e.prelu_sums),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -154,6 +155,7 @@ class RewriteResult:
             "space_to_depth": e.space_to_depth,
             "tiled_gates": e.tiled_gates,
             "depthwise_pools": e.depthwise_pools,
+            "prelu_sums": e.prelu_sums,
             "left_in_float": self.left_in_float(),
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -303,6 +305,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["conv_inputs_padded"], "Conv input") + " padded to 4k channels")
     if c.get("depthwise_widened"):
         extra.append(_plural(c["depthwise_widened"], "depthwise Conv") + " widened to 16k channels")
+    if c.get("prelus_as_sums"):
+        extra.append(_plural(c["prelus_as_sums"], "PRelu") + " as Relu + Min * slope")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

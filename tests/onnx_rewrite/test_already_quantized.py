@@ -82,7 +82,22 @@ def attention_model(tmp_path_factory):
     return save(b.proto([y]), folder / "float.onnx"), x_data(8, 6, 8), folder
 
 
-@pytest.mark.parametrize("which", ["float_model", "hard_swish_model", "rgb_stem_model", "attention_model"])
+@pytest.fixture(scope="module")
+def prelu_model(tmp_path_factory):
+    """MTCNN's shape (keras2onnx, opset 12): NHWC input, Conv -> PRelu -> MaxPool -> Conv. qtool's output
+    writes the PRelu as ``Relu(x) + Min(x, 0) * slope``, whose Relu must not read as a layer's activation."""
+    b = Builder(opset=12)
+    x = b.input("x", ["N", 16, 16, 3])
+    y = b.node("Transpose", [x], perm=[0, 3, 1, 2])
+    y = b.node("PRelu", [b.conv(y, 3, 16, name="c1"), b.const(np.linspace(-0.5, 1.2, 16, dtype=np.float32)
+                                                                .reshape(16, 1, 1))])
+    y = b.conv(b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2]), 16, 8, name="c2")
+    folder = tmp_path_factory.mktemp("already_prelu")
+    return save(b.proto([y]), folder / "float.onnx"), x_data(8, 16, 16, 3), folder
+
+
+@pytest.mark.parametrize("which", ["float_model", "hard_swish_model", "rgb_stem_model", "attention_model",
+                                   "prelu_model"])
 def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
     path, x, folder = request.getfixturevalue(which)
     first = qtool.rewrite_eval(path, str(folder / "q.onnx"), calibration_data={"x": x})
@@ -91,6 +106,8 @@ def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
         assert first.summary["counts"]["scalar_operands_integer"] == 2
     if which == "rgb_stem_model":  # its DequantizeLinear is named '<stem>/input_channels/DequantizeLinear'
         assert first.summary["counts"]["conv_inputs_padded"] == 1
+    if which == "prelu_model":
+        assert first.summary["counts"]["prelus_as_sums"] == 1
     again = qtool.rewrite_eval(str(folder / "q.onnx"), str(folder / "q2.onnx"))
     assert first.summary["changed"] and not again.summary["changed"]
     assert "already quantized: nothing to do" in again.summary["notes"][-1]

@@ -12,6 +12,8 @@ import pytest
 from model_builders import Builder, x_data
 from test_placement_integer import check_integer, optimized_ops, quantize
 
+import qtool
+
 from qtool.onnx_rewrite.eval_graph import EvalEncoder
 from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
 
@@ -121,3 +123,38 @@ def test_a_two_element_average_pool_runs_as_a_depthwise_conv(kernel, rewritten, 
     step = np.min(np.diff(np.unique(want)))  # the output quantizer's step
     assert np.max(np.abs(got - want)) <= step * 1.001 and np.mean(got != want) < 0.01
     assert onnx.checker.check_model(rewritten_model) is None
+
+
+@pytest.mark.parametrize("opset", [12, 17])
+def test_a_prelu_between_integer_convs_is_written_as_relu_plus_scaled_min(opset, tmp_path, monkeypatch):
+    """onnxruntime has no integer PRelu: between integer convolutions it runs in float in the NHWC layout,
+    where a per-channel slope [1, 1, 1, C] made it the slowest op of MTCNN's nets (keras2onnx, opset 12:
+    trained slopes below 0 and above 1). ``Relu(x) + Min(x, 0) * slope`` is the same value for every x
+    and runs in vectorised kernels. A PRelu of a float tensor is left as it is."""
+    b = Builder(opset=opset)
+    x, feeds = b.input("x", ["N", 3, 12, 12]), {"x": x_data(4, 3, 12, 12)}
+    slopes = np.linspace(-0.6, 1.3, 16, dtype=np.float32).reshape(16, 1, 1)  # MTCNN's range
+    y = b.node("PRelu", [b.conv(x, 3, 16), b.const(slopes)])
+    out = b.conv(b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2]), 16, 16)
+    float_prelu = b.node("PRelu", [b.input("s", ["N", 16]), b.const(np.full(16, 0.25, np.float32))])
+    feeds["s"] = x_data(4, 16)
+    proto = b.proto([out, float_prelu])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["PRelu"] == 1  # the float one on the graph input
+    assert result.to_dict()["counts"]["prelus_as_sums"] == 1 and "1 PRelu as Relu + Min * slope" in \
+        result.format_text()
+    rewritten = ir.serde.serialize_model(result.model)
+    # qtool's output rewritten again gets no new quantizer (the sums read back as the PRelus they were;
+    # the file is the same byte for byte: test_already_quantized.py)
+    again = qtool.rewrite_eval(rewritten, calibration_data=feeds)
+    assert again.counts()["activations_quantized"] == 0 and again.counts()["prelus_as_sums"] == 1
+    monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.prelus_as_sums", lambda graph, names, init, opset: [])
+    plain, _ = quantize(proto, feeds)
+    onnx.checker.check_model(rewritten, full_check=True)
+    for optimized in (False, True):
+        np.testing.assert_array_equal(*outputs([rewritten, plain], feeds, optimized=optimized))
+    # the same on values at and around 0, and the extremes (every code of the grid)
+    both = [outputs([rewritten, plain], {"x": np.full((1, 3, 12, 12), v, np.float32), "s": feeds["s"][:1]})
+            for v in (0.0, -1e30, 1e30)]
+    for got, want in both:
+        np.testing.assert_array_equal(got, want)
