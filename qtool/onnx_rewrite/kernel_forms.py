@@ -25,7 +25,8 @@ QLinearAveragePool and may land one step away on a rare tie, as any fused kernel
   ``[1, 1, 1, C]`` made it the slowest op of MTCNN's proposal net (451 us on 118 x 158 x 10 against the
   float model's 248 us in NCHW). ``Relu(x) + Min(x, 0) * slope`` is the same value for every ``x`` (for
   ``x >= 0``: ``x + (+-0)``; below: ``0 + x * slope``, the same float product) and runs in onnxruntime's
-  vectorised elementwise kernels: MTCNN's pnet 1.29x -> 1.09x float, onet 0.92x -> 0.80x.
+  vectorised elementwise kernels (``benchmarks/real_models.py``, 100 rounds: MTCNN's pnet 1.34x -> 1.11x float,
+  onet 0.90x -> 0.72x; FINDINGS.md section 12).
 """
 
 from __future__ import annotations
