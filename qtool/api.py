@@ -114,16 +114,12 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     data = _load_data(calibration_data, opened)
     clock.lap("fold")
     observed, ranges_from, given_all = None, None, None
-    tensors = prepared.tensors_to_calibrate()
     if data is not None:  # (all of the model's tensors may be inside If branches)
-        if tensors:
-            observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
-                                          whole=prepared.whole_range_tensors())
-        found = observed.ranges if observed is not None else {}
+        observed, found = _observe(prepared, data, calibration, progress)
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
         given_all = _given_ranges(given, prepared)  # If branches' tensors too
-        found = cal.select(given_all, tensors, label)
+        found = cal.select(given_all, prepared.tensors_to_calibrate(), label)
         ranges_from = os.fspath(ranges) if isinstance(ranges, (str, os.PathLike)) else "<ranges>"
     else:
         found = prepared.trained_ranges()
@@ -182,20 +178,18 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
                            [v.name for v in extracted.model.graph.inputs])
         if feeds.num_samples == 0:
             return "no calibration sample took this branch"
-        extracted.type_inputs(next(iter(feeds.batches(calibration.batch_size))))
+        extracted.type_inputs(feeds.dtypes)
     elif given is None:
         return "not calibrated (no --data or --ranges)"
     prepared = prepare_branch(extracted.model, config)
-    tensors, observed = prepared.tensors_to_calibrate(), None
+    observed = None
     # a branch's ranges are named "<If>:<branch>:<tensor>": sibling branches read one enclosing tensor,
     # each calibrated on its own samples
     scope = f"{node.name}:{attr}:"
     if feeds is not None:
-        if tensors:
-            observed = cal.collect_ranges(prepared.model, tensors, feeds, calibration, prepared.config,
-                                          whole=prepared.whole_range_tensors())
-        found = observed.ranges if observed is not None else {}
+        observed, found = _observe(prepared, feeds, calibration)
     else:
+        tensors = prepared.tensors_to_calibrate()
         given = {name[len(scope):]: r for name, r in given.items() if name.startswith(scope)}
         missing = [t for t in tensors if t not in given]
         if missing:
@@ -213,6 +207,17 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
     result = RewriteResult(prepared.model, Files(f"{node.name} ({attr})", None), prepared, encoding, observed,
                            None, warnings, notes, {}, inner)
     return result, ranges, samples
+
+
+def _observe(prepared, data, calibration: CalibrationConfig, progress=None):
+    """``(calibration result, ranges)`` of the tensors ``prepared``'s plan calibrates, observed on ``data``;
+    ``(None, {})`` when it calibrates none (its layers all inside If branches)."""
+    tensors = prepared.tensors_to_calibrate()
+    if not tensors:
+        return None, {}
+    observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
+                                  whole=prepared.whole_range_tensors())
+    return observed, observed.ranges
 
 
 def _given_ranges(given: cal.GivenRanges, prepared) -> dict:

@@ -5,7 +5,8 @@ enclosing model's data runs through a session of the enclosing model that
 taps the If's condition and the tensors the branch reads, and the batch is the
 branch's when the condition selects it. Streamed like the data it comes from:
 one batch's tensors at a time, whatever the number of samples (the enclosing
-model runs again for each branch, and once more to count the samples).
+model runs again for each branch, and once more to count the samples and
+keep the element types of the branch's first batch).
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ class BranchData:
         self.condition, self.taken, self.inputs = condition, taken, inputs
         self.ignored: list[str] = []
         self._samples: dict[int, int] = {}
-        self.num_samples = sum(self.samples_in(feed) for feed in self.batches(batch_size))
+        self.num_samples = 0
+        self.dtypes: dict[str, np.dtype] = {}  # of the first batch that takes the branch, by input name
+        for feed in self.batches(batch_size):
+            self.num_samples += self.samples_in(feed)
+            self.dtypes = self.dtypes or {name: array.dtype for name, array in feed.items()}
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         for feed in self.data.batches(self.batch_size):
@@ -79,6 +84,3 @@ class BranchData:
 
     def samples_in(self, feed: dict[str, np.ndarray]) -> int:
         return self._samples.get(id(feed), 0)
-
-    def num_batches(self, batch_size: int) -> int:
-        return sum(1 for _ in self.batches(batch_size))

@@ -28,8 +28,9 @@ RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 BRANCHES = ("then_branch", "else_branch")
 
 
-def _has_layers(body: ir.Graph) -> bool:
-    return any(n.domain == "" and n.op_type in (*LAYER_OPS, *RECURRENT_OPS) for n in body.all_nodes())
+def _layer_ops(body: ir.Graph) -> list[ir.Node]:
+    """The layer ops (recurrent ones included) of ``body``, at any depth."""
+    return [n for n in body.all_nodes() if n.domain == "" and n.op_type in (*LAYER_OPS, *RECURRENT_OPS)]
 
 
 def if_branches(graph: ir.Graph) -> list[tuple[ir.Node, str]]:
@@ -41,22 +42,14 @@ def if_branches(graph: ir.Graph) -> list[tuple[ir.Node, str]]:
             continue
         for name in BRANCHES:
             attr = node.attributes.get(name)
-            if attr is not None and attr.type == ir.AttributeType.GRAPH and _has_layers(attr.as_graph()):
+            if attr is not None and attr.type == ir.AttributeType.GRAPH and _layer_ops(attr.as_graph()):
                 found.append((node, name))
     return found
 
 
 def _graphs_in(body: ir.Graph) -> set[int]:
     """``id`` of ``body`` and of every graph nested in it."""
-    ids = {id(body)}
-    for node in body.all_nodes():
-        for attr in node.attributes.values():
-            if attr.type == ir.AttributeType.GRAPH:
-                ids |= _graphs_in(attr.as_graph())
-            elif attr.type == ir.AttributeType.GRAPHS:
-                for sub in attr.as_graphs():
-                    ids |= _graphs_in(sub)
-    return ids
+    return {id(body), *(id(sub) for sub in _bodies(body))}
 
 
 def _defined_in(value: ir.Value, graphs: set[int]) -> bool:
@@ -95,11 +88,12 @@ class Extracted:
     def body(self) -> ir.Graph:
         return self.node.attributes[self.attribute].as_graph()
 
-    def type_inputs(self, feed: dict) -> None:
-        """Inputs the enclosing graph does not type take the element type of the arrays it fed them."""
+    def type_inputs(self, dtypes: dict) -> None:
+        """Inputs the enclosing graph does not type take the element type (numpy's, by input name) of the
+        arrays it fed them."""
         for value in self.model.graph.inputs:
-            if value.type is None and value.name in feed:
-                value.type = ir.TensorType(ir.DataType.from_numpy(feed[value.name].dtype))
+            if value.type is None and value.name in dtypes:
+                value.type = ir.TensorType(ir.DataType.from_numpy(dtypes[value.name]))
 
     def splice(self) -> None:
         """The (rewritten) branch model's nodes back in the If's body, reading the enclosing tensors
@@ -178,9 +172,7 @@ def _is_constant_node(value: ir.Value) -> bool:
 
 def branch_layers(node: ir.Node, attribute: str) -> list[tuple[str, str]]:
     """``(name, op)`` of the layer ops in a branch (at any depth), for the report of a branch left float."""
-    body = node.attributes[attribute].as_graph()
-    return [(n.name, n.op_type) for n in body.all_nodes()
-            if n.domain == "" and n.op_type in (*LAYER_OPS, *RECURRENT_OPS)]
+    return [(n.name, n.op_type) for n in _layer_ops(node.attributes[attribute].as_graph())]
 
 
 def branch_config(config: QuantConfig, graph: ir.Graph) -> QuantConfig | None:
