@@ -124,7 +124,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
-    branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all)
+    branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all, progress=progress)
     clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
     if branches:
@@ -139,11 +139,12 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
 
 
 def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, calibration: CalibrationConfig,
-                      given: dict | None = None, encode: bool = True) -> list[BranchResult]:
+                      given: dict | None = None, encode: bool = True, progress=None) -> list[BranchResult]:
     """Every If branch of ``model``'s graph that holds a layer op, quantized as a model of its own
     (``onnx_rewrite.branches``): calibrated on the tensors ``data`` gives it (or its ranges taken from
     ``given``, named as a calibration names them), encoded (``encode``), and moved back; its own If
-    branches in turn. ``encode=False``: only calibrated (``BranchResult.ranges``), for a ranges file."""
+    branches in turn. ``encode=False``: only calibrated (``BranchResult.ranges``), for a ranges file.
+    ``progress(done, total)`` after each batch of each branch's calibration pass."""
     found = if_branches(model.graph)
     capture = None
     if found and data is not None:
@@ -158,7 +159,7 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
         layers = branch_layers(node, attr)
         extracted = extract_branch(node, attr, model, types)
         try:
-            done = _rewrite_branch(extracted, capture, data, config, calibration, given, encode)
+            done = _rewrite_branch(extracted, capture, data, config, calibration, given, encode, progress)
             results.append(BranchResult(node.name, attr, layers, reason=done) if isinstance(done, str) else
                            BranchResult(node.name, attr, layers, *done))
         finally:
@@ -166,7 +167,8 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
     return results
 
 
-def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig, given, encode):
+def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig, given, encode,
+                    progress):
     """A branch model's rewrite: ``(result, ranges, samples)``, or the reason it stays float."""
     node, attr = extracted.node, extracted.attribute
     config = branch_config(config, extracted.model.graph)
@@ -187,7 +189,7 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
     # each calibrated on its own samples
     scope = f"{node.name}:{attr}:"
     if feeds is not None:
-        observed, found = _observe(prepared, feeds, calibration)
+        observed, found = _observe(prepared, feeds, calibration, progress)
     else:
         tensors = prepared.tensors_to_calibrate()
         given = {name[len(scope):]: r for name, r in given.items() if name.startswith(scope)}
@@ -196,7 +198,7 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
             return (f"the ranges have none for its tensors (e.g. '{scope}{missing[0]}'): calibrate it with --data "
                     "or qtool calibrate")
         found = {t: given[t] for t in tensors}
-    inner = _rewrite_branches(prepared.model, prepared.config, feeds, calibration, given, encode)
+    inner = _rewrite_branches(prepared.model, prepared.config, feeds, calibration, given, encode, progress)
     ranges = {scope + name: r for name, r in found.items()}
     ranges.update({scope + name: r for branch in inner for name, r in branch.ranges.items()})
     samples = feeds.num_samples if feeds is not None else 0
@@ -306,12 +308,19 @@ def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: Calibra
     loaded = load_calibration_data(data, input_specs(ir_model))
     result = cal.collect_ranges(ir_model, list(tensors), loaded, calibration, quant, progress, whole=whole)
     if planned:  # the If branches' tensors too, named as rewrite-eval names them
-        result.ranges.update(_branch_ranges(ir_model, quant, loaded, calibration))
+        start = time.perf_counter()
+        found = _branch_ranges(ir_model, quant, loaded, calibration, progress)
+        if found:  # the data was streamed through the model in batches for them as well
+            result.ranges.update(found)
+            batches = -(-result.num_samples // calibration.batch_size)
+            result = dataclasses.replace(result, num_batches=max(result.num_batches, batches),
+                                         seconds=result.seconds + time.perf_counter() - start)
     return result
 
 
-def _branch_ranges(model, quant: QuantConfig, data: CalibrationData, calibration: CalibrationConfig) -> dict:
-    return {name: r for branch in _rewrite_branches(model, quant, data, calibration, encode=False)
+def _branch_ranges(model, quant: QuantConfig, data: CalibrationData, calibration: CalibrationConfig,
+                   progress=None) -> dict:
+    return {name: r for branch in _rewrite_branches(model, quant, data, calibration, encode=False, progress=progress)
             for name, r in branch.ranges.items()}
 
 
@@ -374,7 +383,7 @@ def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateC
     tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
     calibration = CalibrationConfig(batch_size=config.batch_size)
     ranges = cal.collect_ranges(planned, tensors, data, calibration, widest, progress).ranges if tensors else {}
-    ranges.update(_branch_ranges(planned, widest, data, calibration))
+    ranges.update(_branch_ranges(planned, widest, data, calibration, progress))
     out = []
     for wb, ab in pairs:
         result = rewrite_eval(model, quant=QuantConfig(wb, ab, **scope), ranges=ranges or None)

@@ -273,7 +273,7 @@ class ProgressBars:
     def update(self, label: str, done: int, total: int) -> None:
         if not self.enabled:
             return
-        if label != self.label:
+        if label != self.label or done < self.done:  # a new pass (an If branch's calibration)
             self.close()
             self.label = label
             self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True)

@@ -27,7 +27,7 @@ class StageProgress:
         self.seconds: dict[str, float] = {}
 
     def update(self, stage: str, done: int, total: int) -> None:
-        if stage != self.stage:
+        if stage != self.stage or done < self.done:  # a new stage, or another pass of it (an If branch's)
             self._end_stage()
             self.stage, self.done, self.stage_start = stage, 0, time.perf_counter()
             if self.terminal:

@@ -151,3 +151,23 @@ def test_stage_progress_draws_a_bar_on_a_terminal(monkeypatch):
     assert "calibrating" in out and "evaluating" in out and "100/100" in out  # click's bars, with positions
     assert "(100 samples)" not in out  # no stage lines on a terminal
     assert out.rstrip().splitlines()[-1].startswith("qtool simulate: done in ")
+
+
+def test_stage_progress_starts_again_for_another_pass_of_a_stage(monkeypatch):
+    """An If model's calibration makes one pass per branch taken, each from 0: a line (a bar) per pass,
+    not a bar run backwards."""
+    import io
+    import sys
+
+    from qtool.cli._progress import StageProgress
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    progress = StageProgress("rewrite-eval", terminal=False)
+    for total in (64, 16):
+        for done in range(0, total + 1, 16):
+            progress.update("calibrating", done, total)
+    progress.finish()
+    lines = err.getvalue().splitlines()
+    assert lines[:2] == ["qtool rewrite-eval: calibrating (64 samples)", "qtool rewrite-eval: calibrating (16 samples)"]
+    assert lines[2].startswith("qtool rewrite-eval: done in ") and "calibrating" in lines[2]
