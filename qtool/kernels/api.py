@@ -83,11 +83,22 @@ def _param(v):
     return _load_cuda().to_host(v) if _is_device_array(v) else v
 
 
+class _SizedKernels:
+    """The CPU kernels, each run on one thread below ``cpu.PARALLEL_MIN`` values of its first array
+    (``cpu.sized``: the same results either way)."""
+
+    def __getattr__(self, name):
+        kernel = getattr(cpu, name)
+        if name not in cpu.SERIAL:
+            return kernel
+        return lambda x, *args: cpu.sized(name, x.size)(x, *args)
+
+
 class _HostBackend:
     """numpy arrays and the CPU kernels (qtool's behaviour without CUDA)."""
 
     is_cuda = False
-    kernels = cpu
+    kernels = _SizedKernels()
 
     @staticmethod
     def float32_tensor(x, name):
@@ -474,7 +485,7 @@ def fake_quant_with_min_max_vars_per_channel_gradient(
         dmin, dmax = be.kernels.fq_axis_grad(be.flat(g), be.flat(x), be.flat(res), depth, 1, lo, hi)
         return be.finish(res, out), dmin, dmax
     if x.size:
-        dmin, dmax = cpu.fq_axis_grad(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, 1, lo, hi)
+        dmin, dmax = cpu.sized("fq_axis_grad", x.size)(g.reshape(-1), x.reshape(-1), res.reshape(-1), depth, 1, lo, hi)
     else:
         dmin = dmax = np.zeros(depth)
     return _finish(res, out), dmin.astype(np.float32), dmax.astype(np.float32)
@@ -565,12 +576,11 @@ def minmax(x, axis=None, *, device=None):
         a = a.astype(np.float32 if a.dtype.itemsize <= 2 else np.float64)
     a = _contiguous(a)
     if axis is None:
-        kernel = cpu.minmax_tensor if a.size >= cpu.PARALLEL_MIN else cpu.minmax_tensor_serial
-        lo, hi = kernel(a.reshape(-1))
+        lo, hi = cpu.sized("minmax_tensor", a.size)(a.reshape(-1))
         return a.dtype.type(lo), a.dtype.type(hi)
     ax = _norm_axis(axis, a.ndim)
     depth, inner = _axis_layout(a.shape, ax)
-    return cpu.minmax_axis(a.reshape(-1), depth, inner)
+    return cpu.sized("minmax_axis", a.size)(a.reshape(-1), depth, inner)
 
 
 def _minmax_result_dtype(dtype: np.dtype) -> np.dtype:
@@ -699,10 +709,10 @@ def quantize_and_dequantize_v2(
             raise ValueError(f"Invalid range: input_min {mins[i]} > input_max {maxs[i]}{where}")
         lo, hi = mins, maxs
     elif axis is None:
-        a, b = cpu.minmax_tensor(x.reshape(-1))
+        a, b = cpu.sized("minmax_tensor", x.size)(x.reshape(-1))
         lo, hi = np.array([a], x.dtype), np.array([b], x.dtype)
     else:
-        lo, hi = cpu.minmax_axis(x.reshape(-1), depth, inner)
+        lo, hi = cpu.sized("minmax_axis", x.size)(x.reshape(-1), depth, inner)
     if not range_given:
         # an empty (or all-NaN) tensor or slice has no range: use [0, 0]
         empty = lo > hi

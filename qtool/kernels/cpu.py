@@ -12,12 +12,17 @@ runs of ``inner`` values that share one channel's parameters. Either way the
 innermost loop is contiguous and free of divisions, so LLVM vectorises it.
 
 Reductions run over fixed chunks (``CHUNK`` elements) combined in chunk
-order, so results do not depend on the number of threads. Min/max ignore NaN
+order, so results do not depend on the number of threads. Every parallel kernel
+has a one-thread twin in :data:`SERIAL` (the same code, ``prange`` run as
+``range``: the same results), which ``qtool.kernels.api`` runs below
+:data:`PARALLEL_MIN` values. Min/max ignore NaN
 and, where -0.0 and 0.0 tie, keep the last in memory order (what TensorFlow's
 scalar reduction does).
 """
 
 from __future__ import annotations
+
+import types
 
 import numpy as np
 from numba import njit, prange
@@ -471,3 +476,31 @@ def minmax_axis(x, depth, inner):
             v = pmax[k, c]
             hi[c] = v if v >= hi[c] else hi[c]
     return lo, hi
+
+
+# --- one-thread twins --------------------------------------------------------------
+def _serial_twin(kernel):
+    """``kernel`` compiled without ``parallel`` (its ``prange`` loops run as ``range``, the chunks in
+    order: the same results). Its own name, so numba's cache keeps it apart from the parallel one."""
+    fn = kernel.py_func
+    name = f"{fn.__name__}_serial"
+    code = fn.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):  # Python >= 3.11
+        code = code.replace(co_qualname=name)
+    twin = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    twin.__qualname__, twin.__doc__ = name, fn.__doc__
+    return njit(cache=True, error_model="numpy")(twin)
+
+
+# Waking numba's thread pool costs more than a small array's work, and on a loaded machine a parallel
+# region waits for a descheduled thread (a model's 288 small weights took 7 ms each to quantize, 4 s in
+# all, while another process ran): below PARALLEL_MIN values the api runs these.
+SERIAL = {kernel.py_func.__name__: _serial_twin(kernel) for kernel in (
+    fq_tensor_mul, fq_tensor_div, fq_tensor_levels, fq_tensor_grad, fq_axis_mul, fq_axis_levels, ql_axis_levels,
+    fq_axis_grad, qdq_tensor, qdq_axis, qdq_tensor_grad, qdq_axis_grad, minmax_axis)}
+SERIAL["minmax_tensor"] = minmax_tensor_serial
+
+
+def sized(name: str, size: int):
+    """The kernel ``name`` for an array of ``size`` values: parallel from PARALLEL_MIN on, else its twin."""
+    return globals()[name] if size >= PARALLEL_MIN or name not in SERIAL else SERIAL[name]
