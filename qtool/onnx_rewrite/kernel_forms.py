@@ -45,7 +45,8 @@ from qtool.onnx_rewrite.channel_padding import DEPTHWISE_CHANNEL_ALIGN
 # Below this many pixels the gate's Tile (3-4 us) costs what the broadcast Mul loses: measured on
 # EfficientNet, 14 x 14 gates no gain, 28 x 28 and larger gates 6-56 % faster with the Tile.
 MIN_TILED_PIXELS = 256
-SPACE_TO_DEPTH_CHANNELS = (1, 2)  # input channels of a stride-2 Conv written on its space-to-depth
+SPACE_TO_DEPTH_CHANNELS = (1, 2)
+READ_BACK = "qtool.prelu_read_back"  # node metadata (not written): a PRelu qtool's own output had as a sum  # input channels of a stride-2 Conv written on its space-to-depth
 _EIGHT = (ir.DataType.UINT8, ir.DataType.INT8)
 
 Initializer = Callable[[str, np.ndarray], ir.Value]
@@ -226,7 +227,7 @@ def prelus_as_sums(graph: ir.Graph, names: NameScope, initializer: Initializer, 
         total.outputs[0].name, total.outputs[0].shape = name, shape
         if dtype is not None:
             total.outputs[0].dtype = dtype
-        done.append({"prelu": prelu.name, "sum": total.name})
+        done.append({"prelu": prelu.name, "sum": total.name, **({"existing": True} if prelu.meta.get(READ_BACK) else {})})
     return done
 
 
@@ -243,6 +244,7 @@ def prelus_from_sums(graph: ir.Graph) -> int:
         x, slope, parts = found
         name = add.name[: -len("/as_sum/Add")] if add.name and add.name.endswith("/as_sum/Add") else add.name
         prelu = ir.node("PRelu", [x, slope], name=name)
+        prelu.meta[READ_BACK] = True  # written as a sum again: not new (the summary does not count it)
         graph.insert_before(add, prelu)
         out = add.outputs[0]
         value_name, dtype, shape = out.name, out.dtype, out.shape

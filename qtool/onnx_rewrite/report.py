@@ -118,7 +118,7 @@ class RewriteResult:
             "convs_on_space_to_depth": len(e.space_to_depth),
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
-            "prelus_as_sums": len(e.prelu_sums),
+            "prelus_as_sums": sum(1 for x in e.prelu_sums if not x.get("existing")),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),

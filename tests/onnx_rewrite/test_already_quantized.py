@@ -112,6 +112,9 @@ def test_qtools_own_output_is_recognised_and_left_as_it_is(which, request):
     assert first.summary["changed"] and not again.summary["changed"]
     assert "already quantized: nothing to do" in again.summary["notes"][-1]
     assert np.array_equal(np.fromfile(folder / "q.onnx", np.uint8), np.fromfile(folder / "q2.onnx", np.uint8))
+    # the forms the file already has are not counted as new work (the PRelu is written as a sum again)
+    counts = again.summary["counts"]
+    assert counts["prelus_as_sums"] == 0 and "PRelu" not in again.format_text().split("ops in float")[0]
 
 
 def test_options_on_an_already_quantized_model_are_a_warning_not_silence(float_model):
