@@ -22,6 +22,7 @@ from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
+from qtool.model.weight_expressions import fold_weight_expressions
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
@@ -83,10 +84,11 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     name_unnamed_nodes(graph)
     prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
     check_exclude(graph, config.exclude, config.scope)
+    expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     names = NameScope(graph)
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
-    folds.affine = affine
+    folds.affine, folds.weight_expressions = affine, expressions
     split_hard_swish(graph, config, names)
     return names, folds, plan_quantization(graph, config)
 

@@ -28,7 +28,7 @@ match cannot be folded, for the report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,6 +84,7 @@ class FoldReport:
     folded: list[FoldRecord]
     skipped: list[FoldSkip]
     affine: AffineReport | None = None  # the constant Mul/Add folded before (fold_affine), when it ran
+    weight_expressions: list[dict] = field(default_factory=list)  # weights computed from constants, folded
 
 
 def output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:

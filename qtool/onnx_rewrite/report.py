@@ -160,7 +160,8 @@ class RewriteResult:
             "other_float_ops": dict(sorted(p.plan.other_ops.items())),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-            "changed": bool(p.folds.folded or _affine_counts(p.folds)["affine_folded"] or e.weights or e.activations or e.propagated or e.biases
+            "changed": bool(p.folds.folded or _affine_counts(p.folds)["affine_folded"] or p.folds.weight_expressions
+                            or e.weights or e.activations or e.propagated or e.biases
                             or e.recurrent or p.opset_in != opset_out),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
@@ -326,22 +327,28 @@ def format_summary(s: dict) -> str:
 def _affine_counts(folds) -> dict:
     affine = folds.affine if folds is not None else None
     return {"affine_folded": len(affine.folded) if affine else 0,
-            "affine_not_folded": len(affine.skipped) if affine else 0}
+            "affine_not_folded": len(affine.skipped) if affine else 0,
+            "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0}
 
 
 def _affine_lists(folds) -> dict:
     affine = folds.affine if folds is not None else None
     return {"affine_folded": [f.to_dict() for f in affine.folded] if affine else [],
-            "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else []}
+            "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else [],
+            "weight_expressions_folded": list(folds.weight_expressions) if folds is not None else []}
 
 
 def _affine_lines(c: dict) -> list[str]:
     """The constant Mul/Add after a layer folded into it (fold_affine): shown when there were any."""
     folded, skipped = c.get("affine_folded", 0), c.get("affine_not_folded", 0)
-    if not folded and not skipped:
-        return []
-    return [f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
-            "into its weight and bias)"]
+    lines = []
+    if c.get("weight_expressions_folded"):
+        lines.append(f"  weights folded         {c['weight_expressions_folded']}  (computed in the graph from constants "
+                     "by Slice/Concat/...: now initializers)")
+    if folded or skipped:
+        lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
+                     "into its weight and bias)")
+    return lines
 
 
 def _ranges_source(s: dict) -> str:

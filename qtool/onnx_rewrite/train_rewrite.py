@@ -31,6 +31,7 @@ from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, l
                                 weight_rank)
 from qtool.model.names import NameScope, context_of, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
+from qtool.model.weight_expressions import fold_weight_expressions
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
@@ -118,6 +119,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     graph = model.graph
     name_unnamed_nodes(graph)
     check_exclude(graph, config.exclude, config.scope)
+    expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     constants_to_initializers(graph)
     names = NameScope(graph)
     affine = fold_affine(graph, names, exclude=config.exclude)  # as the eval graph: the folded weight trains
@@ -128,7 +130,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     planned = model.clone()
     eval_folds = fold_batch_norms(planned.graph, NameScope(planned.graph),
                                   exclude=config.exclude | (all_bns - fold_names))
-    eval_folds.affine = affine
+    eval_folds.affine, eval_folds.weight_expressions = affine, expressions
     bn_outputs = {n.name: n.outputs[0].name for n in graph if n.name in fold_names}
     aliases: dict[str, str] = {}
     planned_nodes = {n.name: n for n in planned.graph}

@@ -270,7 +270,8 @@ def test_lstm_weights_concatenated_from_constants_are_not_activations():
     """spox also writes W as Unsqueeze(Concat(Concat(Slices), Concat(Slices))) of a 2-D Constant (the gates
     reordered at run time): tensors computed from constants alone, which onnxruntime folds. No Concat group
     is quantized there (it made QLinearConcat nodes onnxruntime could no longer fold, and fed the float LSTM
-    weights on an 8-bit activation grid)."""
+    weights on an 8-bit activation grid): qtool folds the expression into W (model.weight_expressions), and
+    the LSTM runs as DynamicQuantizeLSTM like the others."""
     model = tagger()
     graph = model.graph
     w1 = next(t for t in graph.initializer if t.name == "W1")
@@ -289,7 +290,8 @@ def test_lstm_weights_concatenated_from_constants_are_not_activations():
     quantized, result = deploy(model=model)
     assert not [a for a in result.summary["activations"] if a["tensor"].startswith("W1")]
     assert not [n for n in quantized.graph.node if n.op_type == "DequantizeLinear" and n.output[0].startswith("W1")]
-    assert [x["reason"] for x in result.summary["left_in_float"] if x["op"] == "LSTM"] == [
-        "weights not quantized: W is not a constant ('W1_2d' is computed at run time by Concat node 'Concat_2')"]
+    assert not [x for x in result.summary["left_in_float"] if x["op"] == "LSTM"]
+    assert result.summary["counts"]["weight_expressions_folded"] == 1 and result.summary["counts"]["lstms_dynamic"] == 2
+    assert not [n for n in quantized.graph.node if n.op_type in ("Slice", "Concat")]
     train = qtool.rewrite_train(model, calibration_data=feeds(16, seed=1)).contract
     assert not [q for q in train["activation_quantizers"] if q["tensor"].startswith("W1")]
