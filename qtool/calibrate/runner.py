@@ -76,6 +76,21 @@ def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: 
         observers[name].update(value.numpy())
 
 
+def _one_sample_error(session: TappedSession, data: CalibrationData, feed: dict) -> QtoolError | None:
+    """The error to give when the first batch failed but its first sample alone runs: a model whose inputs
+    declare a free batch axis although it was exported for one sample (a Reshape to a fixed batch of 1 in
+    khmersm's transformer). None when one sample fails too (the batch size is not the cause)."""
+    size = data.samples_in(feed)
+    if size <= 1:
+        return None
+    try:
+        session.run(data.first_sample(feed), session.outputs[:1])
+    except QtoolError:
+        return None
+    return QtoolError(f"the model runs on one sample but fails on a batch of {size} (its inputs declare a free "
+                      f"batch size, its graph does not take one): calibrate with --batch-size 1")
+
+
 def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
                    calibration: CalibrationConfig = CalibrationConfig(), quant: QuantConfig = QuantConfig(),
                    progress: Progress | None = None, whole: Sequence[str] = ()) -> CalibrationResult:
@@ -111,7 +126,13 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
             for name in from_inputs:
                 observers[name].update(np.asarray(feed[name]))
             if session is not None:
-                _run_batch(session, from_outputs, feed, observers, batches + 1)
+                try:
+                    _run_batch(session, from_outputs, feed, observers, batches + 1)
+                except QtoolError as exc:
+                    hint = _one_sample_error(session, data, feed) if batches == 0 else None
+                    if hint is None:
+                        raise
+                    raise hint from exc
             batches += 1
             done += data.samples_in(feed)
             if progress is not None:

@@ -82,6 +82,7 @@ from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
     SPACE_TO_DEPTH_CHANNELS,
     pools_as_depthwise,
+    gelus_fused,
     prelus_as_sums,
     read_codes_through,
     space_to_depth_conv,
@@ -111,6 +112,7 @@ class EvalEncoding:
     tiled_gates: list[dict] = field(default_factory=list)  # squeeze-excite gates tiled over the width
     depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
     prelu_sums: list[dict] = field(default_factory=list)  # PRelus of dequantized tensors as Relu + Min * slope
+    fused_gelus: list[dict] = field(default_factory=list)  # GELUs written out with Erf as com.microsoft.Gelu
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -491,6 +493,7 @@ class EvalEncoder:
             self.result.tiled_gates = tile_gates(self.graph, self.names, self.initializer)
             self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
         self.result.prelu_sums = prelus_as_sums(self.graph, self.names, self.initializer, self.opset)
+        self.result.fused_gelus = gelus_fused(self.graph, self.names)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result

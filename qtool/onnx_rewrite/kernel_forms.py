@@ -27,9 +27,18 @@ QLinearAveragePool and may land one step away on a rare tie, as any fused kernel
   ``x >= 0``: ``x + (+-0)``; below: ``0 + x * slope``, the same float product) and runs in onnxruntime's
   vectorised elementwise kernels (``benchmarks/real_models.py``, 100 rounds: MTCNN's pnet 1.34x -> 1.11x float,
   onet 0.90x -> 0.72x; FINDINGS.md section 12).
+- :func:`gelus_fused`: a GELU written out with Erf (``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5``, as
+  paddle2onnx and older PyTorch exporters write it) of a dequantized ``x`` becomes onnxruntime's
+  ``com.microsoft.Gelu(x)``: what onnxruntime itself fuses the float model's GELU into. In the QDQ model it
+  cannot: it gives each reader of a DequantizeLinear a copy of its own (``EnsureUniqueDQForNodeUnit``), and
+  its GELU fusion needs the Div and the Mul to read one tensor, so the five ops ran one by one
+  (PP-OCRv6 tiny's detector 0.94x -> 0.82x float, its recogniser 0.90x -> 0.77x, outputs equal to the
+  bit; FINDINGS.md section 14). The same formula, computed by one kernel.
 """
 
 from __future__ import annotations
+
+import math
 
 from collections.abc import Callable
 
@@ -281,3 +290,85 @@ def _prelu_sum(add: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]] | None:
     if any(len(p.outputs[0].uses()) != 1 or p.outputs[0].is_graph_output() for p in (relu, low, mul)):
         return None
     return x, mul.inputs[1], [relu, low, mul]
+
+
+GELU_DOMAIN, GELU = "com.microsoft", "Gelu"
+_SQRT2 = math.sqrt(2.0)
+
+
+def _scalar(value: ir.Value | None) -> float | None:
+    array = constant_array(value) if value is not None else None
+    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 and array.dtype.kind == "f" else None
+
+
+def _sole_reader(value: ir.Value, op: str) -> ir.Node | None:
+    """The one node reading ``value`` when it is an ``op`` and ``value`` is no graph output."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output() or not is_onnx(uses[0][0], op):
+        return None
+    return uses[0][0]
+
+
+def _other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
+    """The input of a two-input ``node`` that is not ``value``."""
+    if len(node.inputs) != 2 or None in node.inputs or value not in node.inputs:
+        return None
+    return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
+
+
+def _written_out_gelu(erf: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
+    """``(x, nodes)`` when ``erf`` is the core of ``x * 0.5 * (1 + erf(x / sqrt 2))`` written in standard ops
+    (``/ sqrt 2`` or ``* (1 / sqrt 2)``; the 0.5 applied to ``x`` first or to the product last; each
+    intermediate read by the next alone), the last node of ``nodes`` the one giving the GELU's value."""
+    scaled = erf.inputs[0] if len(erf.inputs) == 1 else None
+    scale = scaled.producer() if scaled is not None else None
+    if scale is None or not is_onnx(scale, "Div", "Mul") or len(scale.inputs) != 2 or scale.inputs[0] is None:
+        return None
+    x, want = scale.inputs[0], (_SQRT2 if scale.op_type == "Div" else 1 / _SQRT2)
+    factor = _scalar(scale.inputs[1])
+    if factor is None or abs(factor - want) > 1e-6 * want or len(scaled.uses()) != 1 or scaled.is_graph_output():
+        return None
+    add = _sole_reader(erf.outputs[0], "Add")
+    if add is None or _scalar(_other_input(add, erf.outputs[0])) != 1.0:
+        return None
+    product = _sole_reader(add.outputs[0], "Mul")
+    other = _other_input(product, add.outputs[0]) if product is not None else None
+    if other is None:
+        return None
+    if other is x:  # (x * (1 + erf)) * 0.5
+        half = _sole_reader(product.outputs[0], "Mul")
+        if half is None or _scalar(_other_input(half, product.outputs[0])) != 0.5:
+            return None
+        return x, [scale, erf, add, product, half]
+    first = other.producer()  # (x * 0.5) * (1 + erf)
+    if first is None or not is_onnx(first, "Mul") or _other_input(first, x) is None \
+            or _scalar(_other_input(first, x)) != 0.5 or len(other.uses()) != 1 or other.is_graph_output():
+        return None
+    return x, [first, scale, erf, add, product]
+
+
+def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
+    """Every GELU written out with Erf whose input is a dequantized float32 tensor becomes one
+    ``com.microsoft.Gelu`` (module docstring: what onnxruntime fuses the float model's GELU into, which the
+    QDQ model's DequantizeLinear copies prevent); returns what was fused."""
+    done = []
+    for erf in list(graph):
+        found = _written_out_gelu(erf) if is_onnx(erf, "Erf") else None
+        if found is None:
+            continue
+        x, nodes = found
+        dq = x.producer()
+        if dq is None or not is_onnx(dq, DEQUANTIZE) or value_dtype(x) not in (None, ir.DataType.FLOAT):
+            continue
+        last = nodes[-1]
+        base = names.prefix(f"{erf.name or 'Erf'}/gelu", [GELU], [])
+        gelu = ir.Node(GELU_DOMAIN, GELU, [x], name=f"{base}/{GELU}")
+        graph.insert_before(last, gelu)
+        out = last.outputs[0]
+        name, shape, dtype = out.name, out.shape, out.dtype
+        out.replace_all_uses_with(gelu.outputs[0], replace_graph_outputs=True)
+        remove_if_unused(graph, nodes)  # with the constants only they read
+        gelu.outputs[0].name, gelu.outputs[0].shape, gelu.outputs[0].dtype = name, shape, dtype or ir.DataType.FLOAT
+        graph.opset_imports.setdefault(GELU_DOMAIN, 1)
+        done.append({"gelu": gelu.name, "nodes": [n.name for n in nodes], "ops": [n.op_type for n in nodes]})
+    return done

@@ -9,6 +9,7 @@ encoding, the calibration); the summary dict is built only at the edge, by
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from dataclasses import dataclass, field
 
 import onnx_ir as ir
@@ -94,10 +95,21 @@ class RewriteResult:
         """What runs in float, with the reason (an Add fused with its Relu into QLinearAdd does not)."""
         p, e = self.prepared, self.encoding
         handled = {name for b in self.branches for name, _ in b.layers}  # said by the branch, as it is now
+        gelus = {name for g in e.fused_gelus for name in g["nodes"]}  # one com.microsoft.Gelu now
         plan = [x.to_dict() for x in p.plan.left_in_float
-                if not _fused(x) and not (x.reason.endswith(IN_SUBGRAPH) and x.node in handled)]
+                if not _fused(x) and not (x.reason.endswith(IN_SUBGRAPH) and x.node in handled) and x.node not in gelus]
         return ([x.to_dict() for x in p.folds.skipped] + plan + [x.to_dict() for x in e.left_in_float]
                 + [x for b in self.branches for x in b.left_in_float()])
+
+    def other_float_ops(self) -> dict[str, int]:
+        """The float ops that are no layer, by type, as the output has them (a fused GELU's parts as one
+        ``Gelu``)."""
+        ops = Counter(self.prepared.plan.other_ops)
+        listed = {x.node for x in self.prepared.plan.left_in_float}  # counted there, not here
+        for gelu in self.encoding.fused_gelus:
+            ops.subtract(op for name, op in zip(gelu["nodes"], gelu["ops"]) if name not in listed)
+            ops["Gelu"] += 1
+        return {op: n for op, n in sorted(ops.items()) if n > 0}
 
     def counts(self) -> dict:
         plan, e, folds = self.prepared.plan, self.encoding, self.prepared.folds
@@ -119,6 +131,7 @@ class RewriteResult:
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
             "prelus_as_sums": sum(1 for x in e.prelu_sums if not x.get("existing")),
+            "gelus_fused": len(e.fused_gelus),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -156,8 +169,9 @@ class RewriteResult:
             "tiled_gates": e.tiled_gates,
             "depthwise_pools": e.depthwise_pools,
             "prelu_sums": e.prelu_sums,
+            "fused_gelus": e.fused_gelus,
             "left_in_float": self.left_in_float(),
-            "other_float_ops": dict(sorted(p.plan.other_ops.items())),
+            "other_float_ops": self.other_float_ops(),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "changed": bool(p.folds.folded or _affine_counts(p.folds)["affine_folded"] or p.folds.weight_expressions
@@ -308,6 +322,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["depthwise_widened"], "depthwise Conv") + " widened to 16k channels")
     if c.get("prelus_as_sums"):
         extra.append(_plural(c["prelus_as_sums"], "PRelu") + " as Relu + Min * slope")
+    if c.get("gelus_fused"):
+        extra.append(_plural(c["gelus_fused"], "GELU") + " written out as com.microsoft.Gelu")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

@@ -156,3 +156,22 @@ def test_calibrate_json_summary(work):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["tensors"] == 8 and summary["method"] == "mse" and summary["warnings"] == []
+
+
+def test_a_model_exported_for_one_sample_under_a_free_batch_axis_says_use_batch_size_1(tmp_path):
+    """khmersm's transformer (PyTorch 2.10, dynamo): its input says [batch, seq] but a Reshape inside has
+    the batch of 1 written in, so onnxruntime fails on any batch of 2 or more. The error names the cure."""
+    from model_builders import Builder, save
+
+    b = Builder(opset=17)
+    x = b.input("x", ["batch", 8])
+    h = b.node("Reshape", [b.matmul(x, 8, 8), b.const(np.array([1, 2, 4], np.int64))])
+    b.node("Relu", [h], outputs=["y"])
+    b.output("y")
+    model = save(b.proto(), tmp_path / "model.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32))
+    result = invoke("calibrate", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "r.json")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "runs on one sample but fails on a batch of 4" in result.output and "--batch-size 1" in result.output
+    ok = invoke("calibrate", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "r.json", "--batch-size", "1")
+    assert ok.exit_code == 0, ok.output

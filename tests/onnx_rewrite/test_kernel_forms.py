@@ -158,3 +158,45 @@ def test_a_prelu_between_integer_convs_is_written_as_relu_plus_scaled_min(opset,
             for v in (0.0, -1e30, 1e30)]
     for got, want in both:
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal"])
+def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, tmp_path, monkeypatch):
+    """paddle2onnx (PP-OCRv6) and PyTorch's nn.GELU before opset 20 write GELU as ``Div(x, sqrt 2) -> Erf ->
+    Add 1 -> Mul x -> Mul 0.5`` (or with ``* (1 / sqrt 2)``, operands either way). onnxruntime fuses it into one
+    com.microsoft.Gelu in the float model, but after a QLinearConv it gives the Div and the Mul a
+    DequantizeLinear copy each and the fusion no longer matches: the parts run one by one. qtool writes the
+    Gelu (the same formula in one kernel); a written-out GELU of a float tensor is left as it is."""
+    b = Builder(opset=14)
+    x, feeds = b.input("x", ["N", 3, 12, 12]), {"x": x_data(4, 3, 12, 12)}
+    scalar = lambda v: b.const(np.array(v, np.float32))  # noqa: E731
+
+    def gelu(h):
+        if form == "paddle2onnx":
+            erf = b.node("Erf", [b.node("Div", [h, scalar(1.4142135)])])
+            return b.node("Mul", [b.node("Mul", [h, b.node("Add", [erf, scalar(1.0)])]), scalar(0.5)])
+        erf = b.node("Erf", [b.node("Mul", [h, scalar(0.70710677)])])
+        return b.node("Mul", [scalar(0.5), b.node("Mul", [b.node("Add", [scalar(1.0), erf]), h])])
+
+    out = b.conv(gelu(b.conv(x, 3, 16)), 16, 8)
+    float_gelu = gelu(b.input("s", ["N", 16]))
+    feeds["s"] = x_data(4, 16)
+    proto = b.proto([out, float_gelu])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    rewritten = ir.serde.serialize_model(result.model)
+    written = [n for n in rewritten.graph.node if n.op_type in ("Gelu", "Erf")]
+    assert [(n.domain, n.op_type) for n in written] == [("com.microsoft", "Gelu"), ("", "Erf")]  # the float one kept
+    assert written[0].input[0].endswith("dequantized") and ops["Gelu"] >= 1
+    summary = result.to_dict()
+    assert summary["counts"]["gelus_fused"] == 1 and "1 GELU written out as com.microsoft.Gelu" in result.format_text()
+    assert summary["other_float_ops"]["Gelu"] == 1 and "Erf" in summary["other_float_ops"]  # the float one's
+    assert not [x for x in summary["left_in_float"] if x["op"] == "Mul"]  # the fused GELU's parts
+    onnx.checker.check_model(rewritten, full_check=True)
+    again = qtool.rewrite_eval(rewritten, calibration_data=feeds)  # qtool's output read again: nothing new
+    assert again.counts()["activations_quantized"] == 0
+    monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.gelus_fused", lambda graph, names: [])
+    plain, _ = quantize(proto, feeds)
+    assert optimized_ops(plain, tmp_path)["Erf"] >= 1  # what the fix is for: the QDQ model's GELU unfused
+    got, want = outputs([rewritten, plain], feeds)
+    step = np.min(np.diff(np.unique(want)))  # the output quantizer's step: the two erf kernels may tie apart
+    assert np.max(np.abs(got - want)) <= step * 1.001 and np.mean(got != want) < 0.01
