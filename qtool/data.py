@@ -93,22 +93,29 @@ def _batch_axes(shapes: list[tuple | None]) -> list[int | None]:
     """Each input's samples axis: the first, unless the first is static and the batch (the symbol most
     inputs have first; in a model of static shapes, the first input's first dimension) is at another
     axis; None for an input with no samples axis: a scalar, or a static shape without the batch when
-    other inputs have it (no number of samples fits it but one)."""
+    other inputs have it (no number of samples fits it but one). A batch that is dynamic but unnamed
+    (silero-vad's ``input [?, ?]``, ``state [2, ?, 128]``) is, in an input whose first dimension is
+    static, its one dynamic dimension."""
     firsts = Counter(s[0] for s in shapes if s and isinstance(s[0], str) and s[0])
     batch = firsts.most_common(1)[0][0] if firsts else None
-    if batch is None:  # no input has a symbolic first dimension (an export for batch 1): a size
+    unnamed = batch is None and any(s and s[0] is None for s in shapes)
+    if batch is None and not unnamed:  # no input has a dynamic first dimension (an export for batch 1): a size
         batch = next((s[0] for s in shapes if s and isinstance(s[0], int) and s[0] > 0), None)
     axes = []
     for shape in shapes:
+        static_first = bool(shape) and isinstance(shape[0], int) and shape[0] > 0
+        dynamic = [i for i, d in enumerate(shape or ()) if not (isinstance(d, int) and d > 0)]
         if shape is None:
             axes.append(0)
         elif not shape:
             axes.append(None)
-        elif batch is None or shape[0] == batch or not (isinstance(shape[0], int) and shape[0] > 0):
+        elif unnamed and static_first:
+            axes.append(dynamic[0] if len(dynamic) == 1 else None if not dynamic else 0)
+        elif batch is None or shape[0] == batch or not static_first:
             axes.append(0)
         elif batch in shape:
             axes.append(shape.index(batch))
-        elif all(isinstance(d, int) and d > 0 for d in shape):
+        elif not dynamic:
             axes.append(None)
         else:
             axes.append(0)

@@ -141,3 +141,20 @@ def test_a_model_exported_for_batch_1_takes_its_state_samples_first(vad, tmp_pat
     loaded = load_calibration_data(data, list(specs.values()))
     assert loaded.fixed_batch == 1 and next(loaded.batches(8))["state"].shape == (2, 1, 4)
     qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)
+
+
+def test_an_unnamed_dynamic_batch_is_the_one_dynamic_axis_of_a_state(vad, tmp_path):
+    """silero-vad's TorchScript export: input [?, ?], state [2, ?, 128] with no dimension names. The state's
+    samples are on its dynamic axis; its static 2 is no batch of 2 (it fed [2 samples, 2, 128] as
+    [2, batch 2, 128], mixing the samples' layers, two samples per batch)."""
+    _, data = vad
+    path = tmp_path / "unnamed.onnx"
+    _vad_model(path, batch=None)
+    specs = {s.name: s for s in input_specs(load_model(path).model)}
+    assert (specs["x"].batch_axis, specs["state"].batch_axis, specs["sr"].batch_axis) == (0, 1, None)
+    loaded = load_calibration_data(data, list(specs.values()))
+    feed = next(loaded.batches(8))
+    assert loaded.fixed_batch is None and feed["state"].shape == (2, 8, 4)
+    np.testing.assert_array_equal(feed["state"][:, 3], data["state"][3])  # sample 3's two rows, in order
+    result = qtool.rewrite_eval(path, tmp_path / "q.onnx", calibration_data=data)
+    assert result.summary["calibration"]["batches"] == 2  # 20 samples in batches of 16 (not 10 of 2)
