@@ -47,6 +47,7 @@ from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate.config import SimulateConfig
+from qtool.simulate.output_check import Reference
 from qtool.simulate.core import run_simulation
 from qtool.simulate.result import SimulateResult
 
@@ -113,6 +114,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
     clock.lap("fold")
+    # the float model's outputs on the first batch, for the check of what is written (before any rewrite)
+    reference = Reference(prepared.model, data, calibration.batch_size) if _worth_checking(prepared, data) else None
     observed, ranges_from, given_all = None, None, None
     if data is not None:  # (all of the model's tensors may be inside If branches)
         observed, found = _observe(prepared, data, calibration, progress)
@@ -132,10 +135,19 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("encode")
     warnings, notes = eval_messages(prepared, encoding, found, observed,
                                     list(data.ignored) if data is not None else [], branches)
+    check = reference.check(prepared.model, calibration.method) if reference is not None else None
+    if check is not None:
+        warnings += check.warnings()
+        clock.lap("check")
     files = _save(opened)
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
-                         clock.laps, branches)
+                         clock.laps, branches, check)
+
+
+def _worth_checking(prepared, data) -> bool:
+    """Calibration data, and something to quantize (an already quantized model is left as it is)."""
+    return data is not None and (not prepared.plan.is_empty() or bool(if_branches(prepared.model.graph)))
 
 
 def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, calibration: CalibrationConfig,

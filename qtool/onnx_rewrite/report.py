@@ -82,6 +82,7 @@ class RewriteResult:
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     branches: list[BranchResult] = field(default_factory=list)  # the If branches that hold layer ops
+    output_check: object | None = None  # qtool.simulate.output_check.OutputCheck: int8 vs float outputs
 
     @property
     def config(self) -> QuantConfig:
@@ -183,6 +184,7 @@ class RewriteResult:
             **({"ranges_from": self.ranges_from} if self.ranges_from else {}),
             "timings": dict(self.timings),
             **({"if_branches": [b.to_dict() for b in self.branches]} if self.branches else {}),
+            **({"output_check": self.output_check.to_dict()} if self.output_check is not None else {}),
         }
 
     def format_text(self) -> str:
@@ -337,7 +339,21 @@ def format_summary(s: dict) -> str:
         wrapped = textwrap.wrap(ops, WIDTH - 25) or [""]
         lines.append(f"  ops in float           {wrapped[0]}")
         lines.extend(f"{'':25}{more}" for more in wrapped[1:])
+    lines.extend(_check_lines(s.get("output_check")))
     return "\n".join(lines + _tail_lines(s))
+
+
+def _check_lines(check: dict | None) -> list[str]:
+    """The int8 model's outputs against the float model's (qtool.simulate.output_check)."""
+    scored = {name: db for name, db in (check or {}).get("sqnr_db", {}).items()}
+    if not scored:
+        return []
+    def text(db):
+        return "exact" if db is None else f"{db} dB" if db == "-inf" else f"{db:.1f} dB"
+    worst = min(scored, key=lambda name: float("inf") if scored[name] is None else float(scored[name]))
+    which = f"'{worst}'" if len(scored) == 1 else f"worst of {len(scored)} outputs: '{worst}'"
+    return [f"  output vs float        SQNR {text(scored[worst])} on {check['samples']} calibration "
+            f"sample(s) ({which})"]
 
 
 def _affine_counts(folds) -> dict:

@@ -1,0 +1,100 @@
+"""rewrite-eval's look at what it wrote: the int8 model's outputs against the float model's.
+
+A calibration can produce a model that runs and is useless: PP-OCRv5's recogniser, whose
+activations reach -64..95 where most stay within a few units, read 0 % of its text lines right in 8
+bits with min/max ranges (output SQNR 1.2 dB; 72.7 % with ``--calibration-method percentile``), and
+nothing said so. With calibration data, ``rewrite_eval`` now runs the float model (folded, before
+the rewrite) and the written int8 model on the first calibration batch and reports each float
+output's SQNR against the float one; below :data:`WARN_DB` it warns, naming what to try. It is a
+check on the calibration data itself (optimistic), on one batch: ``qtool simulate`` measures on held-out
+data, per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from qtool.data import CalibrationData
+from qtool.errors import QtoolError
+from qtool.model.session import tapped_session
+
+WARN_DB = 10.0  # noise at a tenth of the signal's power (an RMS error of ~32 %): the output is degraded
+_FLOAT = (np.float16, np.float32, np.float64)
+
+
+def sqnr_db(reference: np.ndarray, test: np.ndarray) -> float | None:
+    """``10 log10(sum(ref^2) / sum((ref - test)^2))`` over the values finite in the reference: inf when
+    equal, None when the reference has no signal; a non-finite test value where the reference is finite
+    is infinite noise (-inf)."""
+    ref = np.asarray(reference, np.float64)
+    got = np.asarray(test, np.float64)
+    if ref.shape != got.shape:
+        return float("-inf")
+    finite = np.isfinite(ref)
+    ref, got = ref[finite], got[finite]
+    signal = float(np.sum(ref * ref))
+    if signal == 0.0:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        noise = float(np.sum((ref - got) ** 2))
+    if not np.isfinite(noise):
+        return float("-inf")
+    return float("inf") if noise == 0.0 else float(10.0 * np.log10(signal / noise))
+
+
+@dataclass
+class OutputCheck:
+    samples: int
+    sqnr_db: dict[str, float | None] = field(default_factory=dict)  # per float output (None: no signal)
+    error: str | None = None  # onnxruntime could not run the written model
+    method: str = "minmax"  # the calibration method the ranges came from
+
+    def worst(self) -> tuple[str, float] | None:
+        scored = [(name, db) for name, db in self.sqnr_db.items() if db is not None]
+        return min(scored, key=lambda item: item[1]) if scored else None
+
+    def to_dict(self) -> dict:
+        def number(db):
+            return None if db is None or db == float("inf") else (round(db, 2) if np.isfinite(db) else "-inf")
+        return {"samples": self.samples, "sqnr_db": {name: number(db) for name, db in self.sqnr_db.items()},
+                **({"error": self.error} if self.error else {})}
+
+    def warnings(self) -> list[str]:
+        if self.error:
+            return [self.error]
+        worst = self.worst()
+        if worst is None or worst[1] >= WARN_DB:
+            return []
+        name, db = worst
+        level = "-inf" if db == float("-inf") else f"{db:.1f}"
+        others = " or ".join(m for m in ("percentile", "mse") if m != self.method)
+        return [f"the int8 model's output '{name}' is far from the float model's on the first "
+                f"{self.samples} calibration sample(s): SQNR {level} dB (below {WARN_DB:.0f} dB). Try "
+                f"--calibration-method {others} (outliers make {self.method} ranges wide), and qtool simulate "
+                "to find the layers that lose it (--exclude them)"]
+
+
+class Reference:
+    """The float model's outputs on the first calibration batch, taken before the rewrite changes it."""
+
+    def __init__(self, model: ir.Model, data: CalibrationData, batch_size: int):
+        self.feed = next(iter(data.batches(batch_size)))
+        self.samples = data.samples_in(self.feed)
+        session = tapped_session(model, [], what="the float model")
+        values = session.run(self.feed)
+        self.outputs = {name: np.array(v.numpy()) for name, v in zip(session.outputs, values)
+                        if v.numpy().dtype in _FLOAT}
+
+    def check(self, model: ir.Model, method: str) -> OutputCheck:
+        """The written ``model``'s outputs on the same samples, against the float ones (``method``: how
+        its ranges were calibrated, for the advice)."""
+        try:
+            session = tapped_session(model, [], what="the written model")
+            values = dict(zip(session.outputs, session.run(self.feed, what="the written model")))
+        except QtoolError as exc:
+            return OutputCheck(self.samples, error=str(exc), method=method)
+        return OutputCheck(self.samples, {name: sqnr_db(ref, values[name].numpy())
+                                          for name, ref in self.outputs.items() if name in values}, method=method)

@@ -1,0 +1,62 @@
+"""rewrite-eval's look at what it wrote (``simulate.output_check``): the int8 model's outputs against the
+float model's on the first calibration batch, in the summary, and a warning when they are far apart."""
+
+import numpy as np
+import pytest
+from model_builders import Builder, x_data
+
+import qtool
+from qtool.config import CalibrationConfig
+from qtool.simulate.output_check import WARN_DB, sqnr_db
+
+
+def convnet():
+    """x [N, 4, 12, 12] -> Conv -> Relu -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm (logits),
+    Constant-node weights, unnamed nodes."""
+    b = Builder(opset=13, constants=True, named=False)
+    y = b.node("Relu", [b.conv(b.input("x", ["N", 4, 12, 12]), 4, 16)])
+    y = b.node("Relu", [b.conv(y, 16, 16)])
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])])
+    return b.proto([b.gemm(y, 16, 10)])
+
+
+def test_the_summary_gives_the_outputs_sqnr_against_float():
+    result = qtool.rewrite_eval(convnet(), calibration_data={"x": x_data(24, 4, 12, 12)})
+    check = result.to_dict()["output_check"]
+    (name, db), = check["sqnr_db"].items()
+    assert check["samples"] == 16 and db > 25  # the first batch (default 16 samples)
+    assert f"output vs float        SQNR {db:.1f} dB on 16 calibration sample(s) ('{name}')" in result.format_text()
+    assert not [w for w in result.warnings if "far from the float model" in w]
+    assert "check" in result.timings
+
+
+@pytest.mark.parametrize("method, advice", [("minmax", "percentile or mse"), ("percentile", "mse")])
+def test_ranges_that_ruin_the_output_are_a_warning_that_says_what_to_try(method, advice):
+    """One sample a thousand times louder than the others (after the first batch, which the check runs):
+    its range leaves the others a few codes (their output is noise), which the warning says with what to
+    try instead."""
+    x = x_data(24, 4, 12, 12)
+    x[20] *= 1000.0
+    result = qtool.rewrite_eval(convnet(), calibration_data={"x": x},
+                                calibration=CalibrationConfig(method=method, percentile=100.0))
+    (db,) = result.to_dict()["output_check"]["sqnr_db"].values()
+    assert db < WARN_DB
+    warning = next(w for w in result.warnings if "far from the float model" in w)
+    assert f"Try --calibration-method {advice} " in warning and "qtool simulate" in warning
+
+
+def test_no_data_no_check_and_an_already_quantized_model_is_not_checked(tmp_path):
+    x = {"x": x_data(8, 4, 12, 12)}
+    assert "output_check" not in qtool.rewrite_eval(convnet()).to_dict()
+    first = qtool.rewrite_eval(convnet(), tmp_path / "q.onnx", calibration_data=x)
+    again = qtool.rewrite_eval(tmp_path / "q.onnx", calibration_data=x)
+    assert "output_check" in first.to_dict() and "output_check" not in again.to_dict()
+
+
+def test_sqnr_of_equal_silent_and_broken_outputs():
+    ref = np.array([1.0, -2.0, np.inf, 3.0], np.float32)
+    assert sqnr_db(ref, ref.copy()) == float("inf")  # the reference's inf is left out
+    assert sqnr_db(np.zeros(3), np.ones(3)) is None
+    assert sqnr_db(ref, np.array([1.0, -2.0, 0.0, np.nan], np.float32)) == float("-inf")
+    assert sqnr_db(np.ones((2, 3)), np.ones(6)) == float("-inf")
+    assert sqnr_db(np.array([3.0, 4.0]), np.array([3.0, 3.0])) == pytest.approx(10 * np.log10(25.0))
