@@ -47,7 +47,7 @@ from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate.config import SimulateConfig
-from qtool.simulate.output_check import Reference
+from qtool.simulate.output_check import reference as output_reference
 from qtool.simulate.core import run_simulation
 from qtool.simulate.result import SimulateResult
 
@@ -115,7 +115,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     data = _load_data(calibration_data, opened)
     clock.lap("fold")
     # the float model's outputs on the first batch, for the check of what is written (before any rewrite)
-    reference = Reference(prepared.model, data, calibration.batch_size) if _worth_checking(prepared, data) else None
+    reference = output_reference(prepared.model, data, calibration.batch_size) if _worth_checking(prepared, data) \
+        else None
     observed, ranges_from, given_all = None, None, None
     if data is not None:  # (all of the model's tensors may be inside If branches)
         observed, found = _observe(prepared, data, calibration, progress)

@@ -54,8 +54,8 @@ from qtool.onnx_rewrite.channel_padding import DEPTHWISE_CHANNEL_ALIGN
 # Below this many pixels the gate's Tile (3-4 us) costs what the broadcast Mul loses: measured on
 # EfficientNet, 14 x 14 gates no gain, 28 x 28 and larger gates 6-56 % faster with the Tile.
 MIN_TILED_PIXELS = 256
-SPACE_TO_DEPTH_CHANNELS = (1, 2)
-READ_BACK = "qtool.prelu_read_back"  # node metadata (not written): a PRelu qtool's own output had as a sum  # input channels of a stride-2 Conv written on its space-to-depth
+SPACE_TO_DEPTH_CHANNELS = (1, 2)  # input channels of a stride-2 Conv written on its space-to-depth
+READ_BACK = "qtool.prelu_read_back"  # node metadata (not written): a PRelu qtool's own output had as a sum
 _EIGHT = (ir.DataType.UINT8, ir.DataType.INT8)
 
 Initializer = Callable[[str, np.ndarray], ir.Value]

@@ -71,14 +71,16 @@ class OutputCheck:
         name, db = worst
         level = "-inf" if db == float("-inf") else f"{db:.1f}"
         others = " or ".join(m for m in ("percentile", "mse") if m != self.method)
+        why = " (outliers widen min/max ranges)" if self.method in ("minmax", "ema") else ""
         return [f"the int8 model's output '{name}' is far from the float model's on the first "
                 f"{self.samples} calibration sample(s): SQNR {level} dB (below {WARN_DB:.0f} dB). Try "
-                f"--calibration-method {others} (outliers make {self.method} ranges wide), and qtool simulate "
-                "to find the layers that lose it (--exclude them)"]
+                f"--calibration-method {others}{why}, and qtool simulate to find the layers that lose it "
+                "(--exclude them)"]
 
 
 class Reference:
-    """The float model's outputs on the first calibration batch, taken before the rewrite changes it."""
+    """The float model's outputs on the first calibration batch, taken before the rewrite changes it
+    (:func:`reference`)."""
 
     def __init__(self, model: ir.Model, data: CalibrationData, batch_size: int):
         self.feed = next(iter(data.batches(batch_size)))
@@ -98,3 +100,12 @@ class Reference:
             return OutputCheck(self.samples, error=str(exc), method=method)
         return OutputCheck(self.samples, {name: sqnr_db(ref, values[name].numpy())
                                           for name, ref in self.outputs.items() if name in values}, method=method)
+
+
+def reference(model: ir.Model, data: CalibrationData, batch_size: int) -> Reference | None:
+    """The float outputs to check the rewrite against; None when the model does not run on the batch (the
+    calibration that follows says why, with its own advice)."""
+    try:
+        return Reference(model, data, batch_size)
+    except QtoolError:
+        return None

@@ -42,7 +42,7 @@ def test_ranges_that_ruin_the_output_are_a_warning_that_says_what_to_try(method,
     (db,) = result.to_dict()["output_check"]["sqnr_db"].values()
     assert db < WARN_DB
     warning = next(w for w in result.warnings if "far from the float model" in w)
-    assert f"Try --calibration-method {advice} " in warning and "qtool simulate" in warning
+    assert f"Try --calibration-method {advice}" in warning and "qtool simulate" in warning
 
 
 def test_no_data_no_check_and_an_already_quantized_model_is_not_checked(tmp_path):
