@@ -175,3 +175,6 @@ def test_a_model_exported_for_one_sample_under_a_free_batch_axis_says_use_batch_
     assert "runs on one sample but fails on a batch of 4" in result.output and "--batch-size 1" in result.output
     ok = invoke("calibrate", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "r.json", "--batch-size", "1")
     assert ok.exit_code == 0, ok.output
+    # rewrite-eval's check of its output runs the first batch before calibrating: the same advice, not its error
+    again = invoke("rewrite-eval", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "q.onnx")
+    assert again.exit_code == 2 and "--batch-size 1" in again.output and not (tmp_path / "q.onnx").exists()
