@@ -78,7 +78,8 @@ SESSION_MEMORY_SETTINGS = (False, True)
 
 def session_options(*, optimize: bool = True) -> ort.SessionOptions:
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: qtool reports a failed run itself, in one line (ERROR lines
+    # of a failing node went to stderr before it)
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.enable_mem_pattern, options.enable_cpu_mem_arena = SESSION_MEMORY_SETTINGS

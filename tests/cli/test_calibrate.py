@@ -178,3 +178,25 @@ def test_a_model_exported_for_one_sample_under_a_free_batch_axis_says_use_batch_
     # rewrite-eval's check of its output runs the first batch before calibrating: the same advice, not its error
     again = invoke("rewrite-eval", model, "--data", tmp_path / "calib.npz", "-o", tmp_path / "q.onnx")
     assert again.exit_code == 2 and "--batch-size 1" in again.output and not (tmp_path / "q.onnx").exists()
+
+
+def test_a_failing_run_is_one_line_without_onnxruntimes_log(tmp_path, capfd):
+    """A node that fails at run time: qtool's one line only (onnxruntime logged an ERROR line of its own,
+    in colour, before it)."""
+    from model_builders import Builder, save
+
+    from qtool.cli import main
+
+    b = Builder(opset=17)
+    x = b.input("x", [2, 8])
+    b.node("Relu", [b.node("Reshape", [b.matmul(x, 8, 8), b.const(np.array([3, 5], np.int64))])], outputs=["y"])
+    b.output("y")
+    model = save(b.proto(), tmp_path / "model.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.ones((4, 8), np.float32))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rewrite-eval", model, "--data", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "q.onnx")],
+             standalone_mode=True)
+    err = capfd.readouterr().err
+    assert exit_info.value.code == 2 and "onnxruntime" not in err.split("qtool: error:")[0]
+    assert [line for line in err.splitlines() if "error" in line.lower()] == \
+        [next(line for line in err.splitlines() if line.startswith("qtool: error:"))]
