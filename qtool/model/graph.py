@@ -124,3 +124,27 @@ class GraphView:
 
     def producer(self, value: ir.Value) -> ir.Node | None:
         return self.float_source(value).producer()
+
+
+def remove_identities(graph: ir.Graph) -> int:
+    """Drop the ``Identity`` nodes of ``graph`` (not of its subgraphs), as onnxruntime's first optimizer
+    does: paddle2onnx writes one after nearly every op (``Add -> Identity -> Mul -> Identity -> Add``),
+    which hid a conv's learnable affine block from the fold and made every pattern over two ops miss.
+    The Identity's input takes its output's name (the tensors after it keep their names, and ranges);
+    an input that cannot be renamed (a graph input, an initializer, a graph output) is read directly,
+    unless the Identity's output is a graph output too (the node stays). Returns how many went."""
+    removed = 0
+    for node in list(graph):
+        if not is_onnx(node, "Identity") or len(node.inputs) != 1 or node.inputs[0] is None:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        fixed = x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None
+        if fixed and y.is_graph_output():
+            continue
+        if fixed:
+            y.replace_all_uses_with(x)
+        else:
+            take_over(y, x)
+        graph.remove(node, safe=True)
+        removed += 1
+    return removed

@@ -20,6 +20,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
+from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
 from qtool.model.weight_expressions import fold_weight_expressions
@@ -82,6 +83,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     (the deployed weights and biases are then bit for bit those it trained with)."""
     graph = model.graph
     name_unnamed_nodes(graph)
+    remove_identities(graph)  # paddle2onnx's, between every two ops
     prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)

@@ -203,11 +203,12 @@ def fold_affine(graph: ir.Graph, names: NameScope | None = None, exclude=frozens
     for node in list(graph):
         if node.graph is not graph or node.domain != "" or node.op_type not in AFFINE_FOLD.start.op_types:
             continue
-        match = AFFINE_FOLD.match(node, rule.view)
-        if not match:
-            continue
-        folding, skips = rule.steps(match)
-        skipped.extend(skips)
-        if folding:
+        # again until nothing follows: paddle2onnx writes PP-LCNetV3's conv bias as an Add and the learnable
+        # affine block after it (layer -> Add -> Mul -> Add), two folds
+        while (match := AFFINE_FOLD.match(node, rule.view)):
+            folding, skips = rule.steps(match)
+            skipped.extend(skips)
+            if not folding:
+                break
             folded.append(rule.rewrite(node, folding))
     return AffineReport(folded, skipped)

@@ -29,6 +29,7 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
                                 weight_rank)
+from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, context_of, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
 from qtool.model.weight_expressions import fold_weight_expressions
@@ -118,6 +119,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
         model = convert_opset(model, MIN_OPSET, "the qtool::FakeQuant function body needs")
     graph = model.graph
     name_unnamed_nodes(graph)
+    remove_identities(graph)  # paddle2onnx's, between every two ops
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     constants_to_initializers(graph)

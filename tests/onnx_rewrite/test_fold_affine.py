@@ -208,3 +208,33 @@ def test_a_folded_graph_output_keeps_its_name_and_a_mul_of_two_tensors_is_no_can
     assert next(n for n in folded.graph.node if n.op_type == "Conv").output[0] == "scaled"
     for got, want in zip(run(folded, feeds), run(model, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paddle2onnx_identities_between_a_conv_its_bias_and_its_affine_block_are_dropped(tmp_path):
+    """paddle2onnx (PP-OCRv5's recogniser) writes the conv bias as an Add and an Identity after every op:
+    Conv -> Add(bias) -> Identity -> Mul(scale) -> Identity -> Add(shift) -> Identity -> HardSwish. The
+    Identities hid the affine block from the fold (it ran as QLinearMul/QLinearAdd, requantizing twice per
+    conv); they go first (onnxruntime drops them too), the tensors after each keeping its name."""
+    bld = Builder(opset=14, constants=True, named=False)
+    x = bld.input("x", ["N", 8, 8, 8])
+    y = bld.node("Add", [bld.conv(x, 8, 8, bias=False), bld.const(np.linspace(-0.2, 0.2, 8, dtype=np.float32)
+                                                               .reshape(1, 8, 1, 1))])
+    y = bld.node("Identity", [y], outputs=["p2o.pd_op.add.0.0"])
+    y = bld.node("Identity", [bld.node("Mul", [y, bld.const(np.float32(0.8))])], outputs=["p2o.pd_op.multiply.0.0"])
+    y = bld.node("Identity", [bld.node("Add", [y, bld.const(np.float32(0.3))])], outputs=["p2o.pd_op.add.1.0"])
+    y = bld.conv(bld.node("HardSwish", [y]), 8, 4, k=1)
+    out = bld.node("Identity", [y], outputs=["fetch_name_0"])  # a graph output stays named
+    model = bld.proto([out])
+    feeds = {"x": x_data(16, 8, 8, 8)}
+    quantized, result = quantize(model, feeds)
+    counts = result.summary["counts"]
+    assert counts["affine_folded"] == 2 and counts["scalar_operands_integer"] == 0  # the bias Add, then Mul + Add
+    assert "Identity" not in {n.op_type for n in quantized.graph.node}
+    assert [o.name for o in quantized.graph.output] == ["fetch_name_0"]
+    assert "p2o.pd_op.add.1.0" in {a["tensor"] for a in result.summary["activations"]}  # the HardSwish input
+    ops = optimized_ops(quantized, tmp_path)
+    assert ops["QLinearMul"] <= 1 and ops["Mul"] == 0, ops  # (the HardSwish's own gate Mul only)
+    want = run(model, feeds)[0]
+    assert np.max(np.abs(run(quantized, feeds)[0] - want)) <= 0.1 * np.max(np.abs(want))
+    train = rewrite_train(model, calibration_data=feeds)
+    assert train.counts()["affine_folded"] == 2
