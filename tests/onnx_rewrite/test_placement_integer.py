@@ -502,3 +502,28 @@ def test_a_depthwise_conv_whose_channels_reach_a_graph_output_keeps_them(tmp_pat
     y = b.node("Relu", [conv_bn(b, y, 24, 24, group=24)])
     _, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QLinearConv"])
     assert result.to_dict()["padded_depthwise"] == []
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+def test_a_layernorm_written_out_after_integer_convs_keeps_its_mean_float(opset, tmp_path):
+    """paddle2onnx (PP-OCRv5's SVTR neck) and torch below opset 17 write LayerNorm out: ReduceMean, Sub,
+    Pow, ReduceMean, Add eps, Sqrt, Div, Mul, Add. Its first ReduceMean reads a quantized tensor and got a
+    range of its own (a pooled tensor), although only the float Sub reads it: the pair rounded the mean and
+    kept onnxruntime from fusing the LayerNorm (PP-OCRv5's int8 graph: 0 of 5 fused, now the 4 on its
+    float residual stream)."""
+    b = Builder(opset=opset, named=False)
+    x, feeds = image_input(b, c=8, hw=4)
+    y = b.node("Relu", [conv_bn(b, x, 8, 16, k=1)])
+    tokens = b.node("Transpose", [b.node("Reshape", [y, b.const(np.array([0, 16, 16], np.int64))])], perm=[0, 2, 1])
+    mean = b.node("ReduceMean", [tokens], axes=[-1])
+    centred = b.node("Sub", [tokens, mean])
+    var = b.node("ReduceMean", [b.node("Pow", [centred, b.const(np.float32(2.0))])], axes=[-1])
+    normed = b.node("Div", [centred, b.node("Sqrt", [b.node("Add", [var, b.const(np.float32(1e-5))])])])
+    ln = b.node("Add", [b.node("Mul", [normed, b.const(np.linspace(0.5, 1.5, 16, dtype=np.float32))]),
+                        b.const(np.zeros(16, np.float32))])
+    out = b.matmul(ln, 16, 8, bias=True)
+    ops, result = check_integer(b.proto([out]), feeds, tmp_path, expect=["MatMulIntegerToFloat"])
+    pooled = [a["tensor"] for a in result.to_dict()["activations"] if a["kind"] == "pool_quant"]
+    # no pair on the mean (the variance part fused; the mean's Sub and ReduceMean read a DequantizeLinear
+    # copy each here, so onnxruntime does not fuse that part: on a float residual stream it fuses all)
+    assert pooled == [] and ops["ReduceMean"] <= 1, (pooled, ops)

@@ -396,6 +396,9 @@ class UnreadQuantizers(PlacementRule):
       (``x + attn(x)`` read by a LayerNormalization and the next residual Add): a float Add between
       MatMulIntegerToFloat's float output and the float LayerNormalization instead of Q -> QLinearAdd
       -> DQ (OCR recognizer, BERT, ViT: 2-3 % faster, FINDINGS.md section 9);
+    - a pooled tensor that only float ops read: a LayerNorm written out (paddle2onnx, torch below opset
+      17) starts with ``Sub(x, ReduceMean(x))``; a pair on the mean only rounded it and kept onnxruntime
+      from fusing the LayerNorm;
     - a Concat output that only float ops read, with the input pairs that only this Concat needed; its
       other inputs get their own ranges back (the union is for QLinearConcat). A ViT's
       ``Concat(Expand(cls), patches)`` feeds ``Add(pos)`` and a LayerNormalization: on the union's
@@ -416,7 +419,7 @@ class UnreadQuantizers(PlacementRule):
                   and id(p) not in sources
                   and (p.is_concat_output or p.group is None and (
                       _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
-                      or _float_read_computation(ctx, p.value)))]
+                      or _float_read_computation(ctx, p.value) or p.kind == "pool_quant"))]
         return sorted(points, key=lambda p: -order.get(id(p.value.producer()), -1))
 
     def check(self, ctx, point):
