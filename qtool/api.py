@@ -177,6 +177,9 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
                            BranchResult(node.name, attr, layers, *done))
         finally:
             extracted.splice()
+            for domain, version in extracted.model.opset_imports.items():  # com.microsoft (DynamicQuantizeLSTM)
+                if domain:
+                    model.opset_imports.setdefault(domain, version)
     return results
 
 

@@ -216,3 +216,33 @@ def test_names_a_branch_repeats_from_the_enclosing_graph_are_renamed():
     finish_branches(graph)
     assert top_relu.outputs[0].name == "a/quant" and body_relu.outputs[0].name == "a/quant_1"
     assert other.outputs[0].name == "x2"
+
+
+def test_an_lstm_in_a_branch_imports_the_domain_of_its_dynamic_kernel():
+    """silero-vad's decoder LSTM is inside the If: it became com.microsoft.DynamicQuantizeLSTM in the branch,
+    but only the branch model imported com.microsoft, so onnx.checker refused the output ("No opset import
+    for domain 'com.microsoft'"; onnxruntime loaded it anyway)."""
+    hidden, feats = 4, 8
+
+    def branch(tag):
+        nodes = [_const(f"{tag}_W", _weights(1, 4 * hidden, feats)), _const(f"{tag}_R", _weights(1, 4 * hidden, hidden)),
+                 helper.make_node("Transpose", ["x"], [f"{tag}_xt"], perm=[2, 0, 1]),
+                 helper.make_node("LSTM", [f"{tag}_xt", f"{tag}_W", f"{tag}_R"], ["", f"{tag}_h"], hidden_size=hidden),
+                 helper.make_node("Squeeze", [f"{tag}_h", "axis0"], [f"{tag}_out"])]
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_out", TensorProto.FLOAT, None)])
+
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "k16"], ["is16"]),
+         helper.make_node("If", ["is16"], ["y"], name="by_rate", then_branch=branch("t"), else_branch=branch("e"))],
+        "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", feats, 32]),
+                helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", hidden])],
+        [numpy_helper.from_array(np.array(16000), "k16"), numpy_helper.from_array(np.array([0], np.int64), "axis0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.random.default_rng(3).standard_normal((8, feats, 32)).astype(np.float32), "sr": np.array(16000)}
+    result = qtool.rewrite_eval(model, calibration_data=feeds)
+    assert result.counts()["lstms_dynamic"] == 1
+    out = ir.serde.serialize_model(result.model)
+    assert {o.domain: o.version for o in out.opset_import}.get("com.microsoft") == 1
+    onnx.checker.check_model(out)
+    assert sqnr(run(model, feeds), run(out, feeds)) > 20
