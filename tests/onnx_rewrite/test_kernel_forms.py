@@ -160,7 +160,7 @@ def test_a_prelu_between_integer_convs_is_written_as_relu_plus_scaled_min(opset,
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal"])
+@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first"])
 def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, tmp_path, monkeypatch):
     """paddle2onnx (PP-OCRv6) and PyTorch's nn.GELU before opset 20 write GELU as ``Div(x, sqrt 2) -> Erf ->
     Add 1 -> Mul x -> Mul 0.5`` (or with ``* (1 / sqrt 2)``, operands either way). onnxruntime fuses it into one
@@ -175,6 +175,10 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
         if form == "paddle2onnx":
             erf = b.node("Erf", [b.node("Div", [h, scalar(1.4142135)])])
             return b.node("Mul", [b.node("Mul", [h, b.node("Add", [erf, scalar(1.0)])]), scalar(0.5)])
+        if form == "half_first":  # transformers' python gelu: x * 0.5 * (1.0 + erf(x / sqrt(2.0))); the Mul by
+            # 0.5 had a pair (TF's rule 4), kept because the product's Mul looked like an integer reader
+            erf = b.node("Erf", [b.node("Div", [h, scalar(1.4142135)])])
+            return b.node("Mul", [b.node("Mul", [h, scalar(0.5)]), b.node("Add", [scalar(1.0), erf])])
         erf = b.node("Erf", [b.node("Mul", [h, scalar(0.70710677)])])
         return b.node("Mul", [scalar(0.5), b.node("Mul", [b.node("Add", [scalar(1.0), erf]), h])])
 

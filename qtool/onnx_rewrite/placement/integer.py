@@ -505,8 +505,12 @@ def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
         return True
     if node.op_type not in INTEGER_KERNELS:
         return False
-    if node.op_type in ("Add", "Mul") and len(_variable_inputs(ctx, node)) < 2 and scalar_operand(node) is None:
-        return False  # with a non-scalar float constant operand there is no QLinearAdd/QLinearMul
+    if node.op_type in ("Add", "Mul"):
+        variable = _variable_inputs(ctx, node)
+        if len(variable) < 2 and scalar_operand(node) is None:
+            return False  # with a non-scalar float constant operand there is no QLinearAdd/QLinearMul
+        if not all(ctx.is_quantized(v) for v in variable):
+            return False  # one operand float (a GELU's 1 + erf): the Add/Mul runs in float
     return all(ctx.point(o) is not None for o in node.outputs if o is not None)
 
 
