@@ -21,6 +21,7 @@ from qtool.data import CalibrationData
 from qtool.errors import QtoolError
 from qtool.model.session import tapped_session
 
+CHECK_SAMPLES = 16  # the default batch; a model exported for batch 1 runs this many batches
 WARN_DB = 10.0  # noise at a tenth of the signal's power (an RMS error of ~32 %): the output is degraded
 _FLOAT = (np.float16, np.float32, np.float64)
 
@@ -79,27 +80,46 @@ class OutputCheck:
 
 
 class Reference:
-    """The float model's outputs on the first calibration batch, taken before the rewrite changes it
+    """The float model's outputs on the first calibration samples (:data:`CHECK_SAMPLES`, in the data's
+    batches: a model exported for batch 1 runs several), taken before the rewrite changes it
     (:func:`reference`)."""
 
     def __init__(self, model: ir.Model, data: CalibrationData, batch_size: int):
-        self.feed = next(iter(data.batches(batch_size)))
-        self.samples = data.samples_in(self.feed)
+        self.feeds, self.samples = [], 0
+        batches = data.batches(batch_size)
+        try:
+            for feed in batches:
+                self.feeds.append(feed)
+                self.samples += data.samples_in(feed) or 1
+                if self.samples >= CHECK_SAMPLES:
+                    break
+        finally:
+            batches.close()
         session = tapped_session(model, [], what="the float model")
-        values = session.run(self.feed)
-        self.outputs = {name: np.array(v.numpy()) for name, v in zip(session.outputs, values)
-                        if v.numpy().dtype in _FLOAT}
+        self.outputs = _outputs(session, self.feeds, "the float model", float_only=True)
 
     def check(self, model: ir.Model, method: str) -> OutputCheck:
         """The written ``model``'s outputs on the same samples, against the float ones (``method``: how
         its ranges were calibrated, for the advice)."""
         try:
             session = tapped_session(model, [], what="the written model")
-            values = dict(zip(session.outputs, session.run(self.feed, what="the written model")))
+            values = _outputs(session, self.feeds, "the written model")
         except QtoolError as exc:
             return OutputCheck(self.samples, error=str(exc), method=method)
-        return OutputCheck(self.samples, {name: sqnr_db(ref, values[name].numpy())
-                                          for name, ref in self.outputs.items() if name in values}, method=method)
+        return OutputCheck(self.samples, {name: sqnr_db(ref, values[name]) for name, ref in self.outputs.items()
+                                          if name in values}, method=method)
+
+
+def _outputs(session, feeds: list[dict], what: str, float_only: bool = False) -> dict[str, np.ndarray]:
+    """Each output over ``feeds``, flattened and joined (batches of a batch-1 export may differ in size)."""
+    runs = [[np.array(v.numpy()) for v in session.run(feed, what=what)] for feed in feeds]
+    out = {}
+    for i, name in enumerate(session.outputs):
+        arrays = [run[i] for run in runs]
+        if float_only and arrays[0].dtype not in _FLOAT:
+            continue
+        out[name] = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else arrays[0]
+    return out
 
 
 def reference(model: ir.Model, data: CalibrationData, batch_size: int) -> Reference | None:

