@@ -22,6 +22,7 @@ from qtool.errors import QtoolError
 from qtool.model.session import tapped_session
 
 CHECK_SAMPLES = 16  # the default batch; a model exported for batch 1 runs this many batches
+KEPT_VALUES = 1 << 22  # per output (16 MB of float32): larger outputs are compared on a regular subsample
 WARN_DB = 10.0  # noise at a tenth of the signal's power (an RMS error of ~32 %): the output is degraded
 _FLOAT = (np.float16, np.float32, np.float64)
 
@@ -111,14 +112,17 @@ class Reference:
 
 
 def _outputs(session, feeds: list[dict], what: str, float_only: bool = False) -> dict[str, np.ndarray]:
-    """Each output over ``feeds``, flattened and joined (batches of a batch-1 export may differ in size)."""
-    runs = [[np.array(v.numpy()) for v in session.run(feed, what=what)] for feed in feeds]
+    """Each output over ``feeds``, flattened and joined (batches of a batch-1 export may differ in size);
+    one value in every k of an output larger than :data:`KEPT_VALUES` (a segmentation map of 16 samples
+    would be held through the whole rewrite)."""
+    runs = [[v.numpy() for v in session.run(feed, what=what)] for feed in feeds]
     out = {}
     for i, name in enumerate(session.outputs):
         arrays = [run[i] for run in runs]
         if float_only and arrays[0].dtype not in _FLOAT:
             continue
-        out[name] = np.concatenate([a.reshape(-1) for a in arrays]) if len(arrays) > 1 else arrays[0]
+        flat = np.concatenate([a.reshape(-1) for a in arrays])
+        out[name] = flat[::max(1, -(-flat.size // KEPT_VALUES))].copy()
     return out
 
 

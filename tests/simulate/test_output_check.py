@@ -72,3 +72,19 @@ def test_a_model_exported_for_batch_1_is_checked_on_several_batches():
     assert result.to_dict()["calibration"]["batches"] == 20 and check["samples"] == 16
     (db,) = check["sqnr_db"].values()
     assert db > 25
+
+
+def test_a_large_output_is_compared_on_a_regular_subsample(monkeypatch):
+    from qtool.simulate import output_check
+
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    monkeypatch.setattr(output_check, "KEPT_VALUES", 7)
+    model, x = convnet(), {"x": x_data(16, 4, 12, 12)}
+    result = qtool.rewrite_eval(model, calibration_data=x)
+    (db,) = result.to_dict()["output_check"]["sqnr_db"].values()
+    outs = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+            for m in (model, ir.serde.serialize_model(result.model))]
+    want, got = (o.reshape(-1)[::23] for o in outs)  # 160 logits: every 23rd, 7 values
+    assert db == round(sqnr_db(want, got), 2) and db != round(sqnr_db(*(o.reshape(-1) for o in outs)), 2)
