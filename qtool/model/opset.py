@@ -89,6 +89,8 @@ def _unwrap_last_axis_softmax(graph: ir.Graph) -> int:
         else:
             ranks = inferred_ranks(graph) if ranks is None else ranks
             rank = ranks.get(x.name)
+            if rank is None:  # x = Reshape(_, target) with a target computed at run time: the target's length
+                rank = _reshape_rank(graph, x)
         if rank is None or axis != rank - 1:
             continue
         node.replace_input_with(0, x)
@@ -98,7 +100,21 @@ def _unwrap_last_axis_softmax(graph: ir.Graph) -> int:
             if all(not v.uses() and not v.is_graph_output() for v in dead.outputs):
                 graph.remove(dead, safe=True)
         unwrapped += 1
+    if unwrapped:
+        graph.meta.pop("qtool.inferred_shapes", None)  # values removed
     return unwrapped
+
+
+def _reshape_rank(graph: ir.Graph, value: ir.Value) -> int | None:
+    """The rank of a Reshape's output from its target's static length (PyTorch computes a target as
+    ``Concat(Unsqueeze(Gather(Shape(x))), -1)``, whose values shape inference may not know, but whose
+    length it does)."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "Reshape" or len(producer.inputs) != 2 or producer.inputs[1] is None:
+        return None
+    target = producer.inputs[1]
+    shape = target.shape if target.shape is not None else inferred_shapes(graph).get(target.name)
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
 
 
 def inferred_ranks(graph: ir.Graph) -> dict[str, int]:

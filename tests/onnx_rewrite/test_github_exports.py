@@ -93,3 +93,47 @@ def test_a_softmax_an_integer_op_reads_keeps_its_quantizer():
     result = qtool.rewrite_eval(b.proto([out]), calibration_data={"x": x_data(8, 8, 16)})
     softmax = next(n for n in result.model.graph if n.op_type == "Softmax")
     assert [c.op_type for c in softmax.outputs[0].consumers()] == ["QuantizeLinear"]
+
+
+def yolo_fastest_head():
+    """Yolo-FastestV2 (PyTorch 1.8, opset 11): per level, box and objectness Convs through Sigmoid and a class
+    Conv through Softmax(axis=1), each Transposed to NHWC and Reshaped to [cells, k] (the target computed at
+    run time: rank unknown to shape inference), Concat(axis=1) per level, Concat(axis=0) as the output."""
+    b = Builder(opset=11)
+    x = b.input("input.1", [1, 3, 16, 16])
+    y = b.node("Relu", [b.conv(x, 3, 8)])
+    levels = []
+    for stride in (1, 2):
+        f = y if stride == 1 else b.node("Relu", [b.conv(y, 8, 8, strides=[2, 2])])
+        parts = []
+        for k, act in ((4, "Sigmoid"), (1, "Sigmoid"), (5, "Softmax")):
+            z = b.node("Transpose", [b.conv(f, 8, k, k=1)], perm=[0, 2, 3, 1])
+            cells = b.node("Mul", [b.node("Gather", [b.node("Shape", [z]), b.const(np.array(1, np.int64))], axis=0),
+                                   b.node("Gather", [b.node("Shape", [z]), b.const(np.array(2, np.int64))], axis=0)])
+            target = b.node("Concat", [b.node("Unsqueeze", [cells], axes=[0]), b.const(np.array([k], np.int64))],
+                            axis=0)
+            z = b.node("Reshape", [z, target])
+            parts.append(b.node(act, [z], **({"axis": 1} if act == "Softmax" else {})))
+        levels.append(b.node("Concat", parts, axis=1))
+    b.node("Concat", levels, axis=0, outputs=["out"])
+    b.output("out", shape=[320, 10])
+    return b.proto()
+
+
+def test_probabilities_concatenated_into_the_output_keep_no_pairs():
+    """Yolo-FastestV2's objectness and class scores went Sigmoid/Softmax -> Q/DQ -> Concat (float, the model
+    output): once the Concat runs in float on its inputs' own grids (the YOLOv8 fix), those pairs only round
+    the probabilities. They go, with the Softmax's carried ones; the converter's Flatten goes too (the
+    Reshape target's length gives the rank)."""
+    proto = yolo_fastest_head()
+    result = qtool.rewrite_eval(proto, calibration_data={"input.1": x_data(4, 3, 16, 16)},
+                                calibration=qtool.CalibrationConfig(batch_size=1))
+    graph = result.model.graph
+    assert not [n for n in graph if n.op_type == "Flatten"]
+    for node in graph:
+        if node.op_type in ("Sigmoid", "Softmax"):
+            assert [c.op_type for c in node.outputs[0].consumers()] == ["Concat"], node.name
+    assert sum(n.op_type == "QuantizeLinear" for n in graph) >= 6  # the convolutions stay integer
+    feeds = {"input.1": x_data(4, 3, 16, 16)[:1]}
+    got, want = run(result.model, feeds)[0], run(proto, feeds)[0]
+    assert np.abs(got - want).mean() < 0.05

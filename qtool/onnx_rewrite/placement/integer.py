@@ -477,6 +477,30 @@ def _drop_concat_group(ctx: PlanContext, output: ActivationPoint) -> None:
     if not any(m.is_concat_output for m in members):
         for m in members:
             m.group = None
+        # a member that only the union kept: a Sigmoid's or Softmax's output (Yolo-FastestV2's objectness and
+        # class scores, concatenated in float into the model output) needs no pair of its own either
+        for m in members:
+            root = m
+            while root.source is not None:
+                root = root.source
+            if root in ctx.plan.activations and _float_root_unread(ctx, root):
+                for carried in _carried_from(ctx, root):
+                    ctx.drop_activation(carried)
+                ctx.drop_activation(root)
+
+
+def _float_root_unread(ctx: PlanContext, root: ActivationPoint) -> bool:
+    """``root`` is a Softmax/activation output's own quantizer that no integer op reads (through the
+    quantizers carried from it), in no Concat group, and no graph output (a Softmax's may be)."""
+    if root.exists or root.fixed_range is not None or root.group is not None or root.is_concat_output:
+        return False
+    if not (_is_softmax_output(root) or _float_read_computation(ctx, root.value)):
+        return False
+    if not _is_softmax_output(root) and (root.value.is_graph_output() or ctx.view.is_graph_output(root.value)):
+        return False
+    if any(c.group is not None for c in _carried_from(ctx, root)):
+        return False
+    return not any(_integer_reader(ctx, r) for r in _readers_through_carries(ctx, root.value))
 
 
 def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:
