@@ -137,3 +137,24 @@ def test_probabilities_concatenated_into_the_output_keep_no_pairs():
     feeds = {"input.1": x_data(4, 3, 16, 16)[:1]}
     got, want = run(result.model, feeds)[0], run(proto, feeds)[0]
     assert np.abs(got - want).mean() < 0.05
+
+
+def test_a_sigmoid_model_output_is_not_rounded():
+    """YuNet (PyTorch 1.7, opset 11) ends each head in Conv -> Transpose -> Reshape -> Sigmoid as a model output
+    (cls_8, obj_8, ...): a pair there rounds the scores to 1/255 (obj_8: 9.9 dB SQNR against float) for no
+    integer reader. The Sigmoid reads the dequantized head and writes the output in float."""
+    b = Builder(opset=11)
+    x = b.input("input", [1, 3, 16, 16])
+    y = b.node("Relu", [b.conv(x, 3, 8)])
+    outs = []
+    for name in ("cls_8", "obj_8"):
+        z = b.node("Transpose", [b.conv(y, 8, 1, k=1)], perm=[0, 2, 3, 1])
+        z = b.node("Reshape", [z, b.const(np.array([1, -1, 1], np.int64))])
+        outs.append(b.node("Sigmoid", [z], outputs=[name]))
+    proto = b.proto(outs)
+    result = qtool.rewrite_eval(proto, calibration_data={"input": x_data(4, 3, 16, 16)},
+                                calibration=qtool.CalibrationConfig(batch_size=1))
+    sigmoids = [n for n in result.model.graph if n.op_type == "Sigmoid"]
+    assert [s.outputs[0].name for s in sigmoids] == ["cls_8", "obj_8"]
+    assert all(not list(s.outputs[0].consumers()) and s.inputs[0].producer().op_type == "DequantizeLinear"
+               for s in sigmoids)

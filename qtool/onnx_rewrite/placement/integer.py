@@ -403,6 +403,9 @@ class UnreadQuantizers(PlacementRule):
       top-1 agreement with float (docs/spec-changes.md). So does one that is a graph output: a YOLOv8 head
       concatenates boxes in pixels (0-320) and class probabilities (0-1), which the union's grid (1.25 a
       step) rounded to 0 or 1.25.
+    - an activation function's output (not Relu/Clip) that is a graph output and that no integer op reads
+      (YuNet's Sigmoid objectness and class scores, 12 outputs: 8-bit steps of 1/255 took the
+      objectness to 9.9 dB SQNR against float for nothing);
     - a Softmax output that no integer op reads (a detector's class probabilities, read only by the
       user, directly or through Reshape/Flatten), with the quantizers carried from it: rounding the
       model's probabilities to 1/255 buys nothing, and costs a Q/DQ pair per carry and onnxruntime's
@@ -428,8 +431,11 @@ class UnreadQuantizers(PlacementRule):
 
     def check(self, ctx, point):
         softmax = _is_softmax_output(point)
-        if not (point.is_concat_output or softmax) and (point.value.is_graph_output()
-                                                         or ctx.view.is_graph_output(point.value)):
+        producer = point.value.producer()
+        activation = (producer is not None and producer.domain == "" and producer.op_type in ACTIVATION_FUNCTIONS
+                      and producer.op_type not in ("Relu", "Clip"))
+        if not (point.is_concat_output or softmax or activation) and (point.value.is_graph_output()
+                                                                      or ctx.view.is_graph_output(point.value)):
             return "a graph output"
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):
