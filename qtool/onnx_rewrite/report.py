@@ -8,6 +8,8 @@ encoding, the calibration); the summary dict is built only at the edge, by
 
 from __future__ import annotations
 
+import math
+
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
@@ -349,7 +351,8 @@ def _check_lines(check: dict | None) -> list[str]:
     if not scored:
         return []
     def text(db):
-        return "exact" if db is None else f"{db} dB" if db == "-inf" else f"{db:.1f} dB"
+        # rounded down: SQNR 9.96 dB warned about as below 10 dB must not read "10.0 dB" here
+        return "exact" if db is None else f"{db} dB" if db == "-inf" else f"{math.floor(db * 10) / 10:.1f} dB"
     worst = min(scored, key=lambda name: float("inf") if scored[name] is None else float(scored[name]))
     which = f"'{worst}'" if len(scored) == 1 else f"worst of {len(scored)} outputs: '{worst}'"
     return [f"  output vs float        SQNR {text(scored[worst])} on {check['samples']} calibration "

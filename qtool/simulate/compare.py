@@ -61,7 +61,7 @@ class ClassLayout:
         return m.argmax_rows(rows)
 
 
-def class_layout(out: np.ndarray, raw_ndim: int, batch_axis: int, class_axis: int | None,
+def class_layout(out: np.ndarray, raw_ndim: int, batch_axis: int | None, class_axis: int | None,
                  output: str) -> ClassLayout:
     """The :class:`ClassLayout` of ``out`` (samples first); ``class_axis`` counts the axes of the output
     as the model returns it (``raw_ndim`` axes, samples on ``batch_axis``)."""
@@ -72,10 +72,14 @@ def class_layout(out: np.ndarray, raw_ndim: int, batch_axis: int, class_axis: in
         return ClassLayout(per_sample) if len(spread) <= 1 else ClassLayout(0, positions=0)
     if not -raw_ndim <= class_axis < raw_ndim:
         raise QtoolError(f"--class-axis {class_axis}: output {output!r} has {raw_ndim} axes")
-    c, b = class_axis % raw_ndim, batch_axis % raw_ndim
-    if c == b:
-        raise QtoolError(f"--class-axis {class_axis} is the samples axis of output {output!r}")
-    axis = c + 1 if c < b else c  # where it is once the samples axis is moved first
+    c = class_axis % raw_ndim
+    if batch_axis is None:  # a samples axis was put in front
+        axis = c + 1
+    else:
+        b = batch_axis % raw_ndim
+        if c == b:
+            raise QtoolError(f"--class-axis {class_axis} is the samples axis of output {output!r}")
+        axis = c + 1 if c < b else c  # where it is once the samples axis is moved first
     classes = out.shape[axis]
     return ClassLayout(classes, per_sample // classes if classes else 0, axis)
 
@@ -91,7 +95,7 @@ class Batch:
     labels: np.ndarray | None
     layout: ClassLayout
     float_values: dict[str, np.ndarray]
-    batch_axis: int
+    batch_axis: int | None
 
 
 @dataclass
@@ -141,14 +145,21 @@ class TensorAcc:
                                quantized_range=quantized_range, histogram=hist, **clipped)
 
 
-def samples_first(out: np.ndarray, axis: int, n: int, label: str, output: str) -> np.ndarray:
-    """``out`` with its samples axis first; a clear error when it does not hold the batch's samples."""
+def samples_first(out: np.ndarray, axis: int | None, n: int, label: str, output: str) -> np.ndarray:
+    """``out`` with its samples axis first (``axis`` None: an output of one sample with no samples axis, which
+    gets one); a clear error when it does not hold the batch's samples."""
     out = np.asarray(out)
+    if axis is None:
+        if n != 1:
+            raise QtoolError(f"{label} output {output!r} has no samples axis (--batch-axis none): it holds one "
+                             f"sample, but the batch has {n}; run with --batch-size 1")
+        return out[None]
     if out.ndim == 0 or not -out.ndim <= axis < out.ndim:
         raise QtoolError(f"{label} output {output!r} has shape {list(out.shape)}: it has no batch axis {axis} "
                          "(name the samples axis with --batch-axis)")
     if out.shape[axis] != n:
-        hint = " (name the samples axis with --batch-axis OUTPUT=AXIS)" if axis == 0 else ""
+        hint = (" (name the samples axis with --batch-axis OUTPUT=AXIS, or OUTPUT=none for an output that holds "
+                "one sample and has no samples axis)" if axis == 0 else "")
         raise QtoolError(f"{label} output {output!r} has shape {list(out.shape)}: expected the {n} samples of "
                          f"the batch on axis {axis}{hint}")
     return np.ascontiguousarray(np.moveaxis(out, axis, 0)) if axis % out.ndim else out

@@ -39,17 +39,21 @@ def parse_bits(bits, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _axis(text, what: str) -> int:
+def _axis(text, what: str) -> int | None:
+    if text is None or str(text).strip().lower() == "none":
+        return None  # the output has no samples axis: it holds one sample (a model exported for batch 1)
     if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
         return int(text)
     try:
         return int(str(text).strip())
     except ValueError:
-        raise QtoolError(f"batch axis {what}: expected an integer axis like 1 (or OUTPUT=1), got {text!r}") from None
+        raise QtoolError(f"batch axis {what}: expected an integer axis like 1 (or OUTPUT=1, or none), "
+                         f"got {text!r}") from None
 
 
-def parse_batch_axis(spec) -> dict[str, int]:
-    """``None``/``0``/``"1"``/``"out=1"``/``["a=1", "b=0"]``/``{"a": 1}`` -> ``{output or "": axis}``."""
+def parse_batch_axis(spec) -> dict[str, int | None]:
+    """``None``/``0``/``"1"``/``"out=1"``/``["a=1", "b=0"]``/``{"a": 1}`` -> ``{output or "": axis}``; an axis
+    ``"none"`` (None) is an output without a samples axis (Yolo-FastestV2's [605, 95] for its one image)."""
     if spec is None:
         return {ALL_OUTPUTS: 0}
     if isinstance(spec, Mapping):
@@ -65,7 +69,7 @@ def parse_batch_axis(spec) -> dict[str, int]:
                 items.append((name, axis))
             else:
                 items.append((ALL_OUTPUTS, p))
-    out: dict[str, int] = {}
+    out: dict[str, int | None] = {}
     for name, axis in items:
         if name in out:
             where = f"output {name!r}" if name else "all outputs"
@@ -104,7 +108,7 @@ class SimulateConfig:
     sensitivity: bool = False
     batch_size: int = 16
     histograms: bool = False
-    batch_axis: dict[str, int] = field(default_factory=lambda: {ALL_OUTPUTS: 0})
+    batch_axis: dict[str, int | None] = field(default_factory=lambda: {ALL_OUTPUTS: 0})  # None: no samples axis
     class_axis: int | None = None  # the compared output's class axis: top-1 per position (frame, pixel, token)
     latency_rounds: int = 0  # > 0: also time every model (one thread, batch 1), median of this many rounds
     scope: str | None = None  # the what-if table quantizes nodes under this prefix only
@@ -144,7 +148,7 @@ class SimulateConfig:
         """True when the quantized models are made in memory (no ``quantized`` given)."""
         return not self.quantized
 
-    def axis_for(self, output: str) -> int:
+    def axis_for(self, output: str) -> int | None:
         return self.batch_axis.get(output, self.batch_axis[ALL_OUTPUTS])
 
     def check_outputs(self, outputs: list[str], model_label: str) -> None:

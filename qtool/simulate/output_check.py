@@ -12,6 +12,7 @@ data, per layer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,8 +60,9 @@ class OutputCheck:
         return min(scored, key=lambda item: item[1]) if scored else None
 
     def to_dict(self) -> dict:
-        def number(db):
-            return None if db is None or db == float("inf") else (round(db, 2) if np.isfinite(db) else "-inf")
+        def number(db):  # rounded down, as the warning's text: 9.996 dB is not "10.0" under a 10 dB bar
+            return None if db is None or db == float("inf") else (math.floor(db * 100) / 100 if np.isfinite(db)
+                                                                   else "-inf")
         return {"samples": self.samples, "sqnr_db": {name: number(db) for name, db in self.sqnr_db.items()},
                 **({"error": self.error} if self.error else {})}
 
@@ -71,7 +73,7 @@ class OutputCheck:
         if worst is None or worst[1] >= WARN_DB:
             return []
         name, db = worst
-        level = "-inf" if db == float("-inf") else f"{db:.1f}"
+        level = "-inf" if db == float("-inf") else f"{math.floor(db * 10) / 10:.1f}"  # the summary's digits
         others = " or ".join(m for m in ("percentile", "mse") if m != self.method)
         why = " (outliers widen min/max ranges)" if self.method in ("minmax", "ema") else ""
         return [f"the int8 model's output '{name}' is far from the float model's on the first "

@@ -268,7 +268,7 @@ class SimulateResult:
     batch_size: int
     output: str
     output_kind: str  # "classes" (top-1 metrics) or "values" (one value per sample: SQNR only)
-    batch_axis: int
+    batch_axis: int | None  # None: the output has no samples axis
     labels: str | None
     calibration: CalibrationInfo | None
     float_accuracy: float | None

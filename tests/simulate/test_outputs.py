@@ -254,3 +254,23 @@ def test_lstm_weights_are_compared_as_the_kernel_reads_them(tmp_path):
         want = 10 * np.log10(np.sum(array.astype(np.float64) ** 2) / np.sum(err ** 2))
         assert rows[role]["sqnr_db"] == pytest.approx(want, rel=1e-9)
         assert rows[role]["max_abs_error"] == pytest.approx(np.max(np.abs(err)), rel=1e-6)
+
+
+def test_an_output_without_a_samples_axis_is_compared_with_batch_axis_none(tmp_path):
+    """Yolo-FastestV2 (PyTorch 1.8, opset 11) takes [1, 3, 352, 352] and returns [605, 95]: its one image's
+    cells, no samples axis. simulate's error named only --batch-axis OUTPUT=AXIS, which no axis satisfies;
+    ``none`` compares the output as one sample per batch."""
+    from model_builders import Builder, x_data
+
+    b = Builder(opset=11)
+    y = b.node("Transpose", [b.conv(b.input("x", [1, 3, 8, 8]), 3, 8)], perm=[0, 2, 3, 1])
+    b.node("Reshape", [y, b.const(np.array([-1, 8], np.int64))], outputs=["cells"])
+    path = _save(b.proto(["cells"]).graph, tmp_path / "cells.onnx")
+    data = {"x": x_data(6, 3, 8, 8)}
+    with pytest.raises(QtoolError, match=r"\[64, 8\]: expected the 1 samples .* or OUTPUT=none for an output that"):
+        simulate(path, data, SimulateConfig())
+    for axis in ("none", "cells=none", ["None"]):
+        rep = simulate(path, data, SimulateConfig(batch_axis=axis)).report
+        assert rep["batch_axis"] is None and rep["samples"] == 6 and rep["models"][0]["output"]["sqnr_db"] > 20
+    rep = simulate(path, data, SimulateConfig(batch_axis="none", class_axis=-1)).report
+    assert rep["positions"] == 64

@@ -406,6 +406,15 @@ class UnreadQuantizers(PlacementRule):
       top-1 agreement with float (docs/spec-changes.md). So does one that is a graph output: a YOLOv8 head
       concatenates boxes in pixels (0-320) and class probabilities (0-1), which the union's grid (1.25 a
       step) rounded to 0 or 1.25.
+    - an activation function's output (not Relu/Clip) that is a graph output and that no integer op reads
+      (YuNet's Sigmoid objectness and class scores, 12 outputs: 8-bit steps of 1/255 took the
+      objectness to 9.9 dB SQNR against float for nothing);
+    - a Softmax output that no integer op reads (a detector's class probabilities, read only by the
+      user, directly or through Reshape/Flatten), with the quantizers carried from it: rounding the
+      model's probabilities to 1/255 buys nothing, and costs a Q/DQ pair per carry and onnxruntime's
+      Softmax twice its time (UltraFace, opset 9: ``Softmax -> Q/DQ -> Reshape -> Q/DQ -> scores``,
+      the Softmax 458 us between two float tensors of the arena against 242 us writing the model
+      output; FINDINGS.md section 15).
     Candidates go last to first in graph order, so a chain is dropped from its float end back (an
     Add/Mul reads as integer only while its own output is quantized).
     A Conv/Gemm output keeps its pair: QLinearConv and QGemm need it."""
@@ -420,20 +429,47 @@ class UnreadQuantizers(PlacementRule):
                   and (p.is_concat_output or p.group is None and (
                       _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
                       or _float_read_computation(ctx, p.value) or p.kind == "pool_quant"))]
+        points += [p for p in ctx.plan.activations if _is_softmax_output(p) and p.group is None]
         return sorted(points, key=lambda p: -order.get(id(p.value.producer()), -1))
 
     def check(self, ctx, point):
-        if not point.is_concat_output and (point.value.is_graph_output() or ctx.view.is_graph_output(point.value)):
+        softmax = _is_softmax_output(point)
+        producer = point.value.producer()
+        activation = (producer is not None and producer.domain == "" and producer.op_type in ACTIVATION_FUNCTIONS
+                      and producer.op_type not in ("Relu", "Clip"))
+        if not (point.is_concat_output or softmax or activation) and (point.value.is_graph_output()
+                                                                      or ctx.view.is_graph_output(point.value)):
             return "a graph output"
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):
             return "an integer op reads it"
+        if softmax and any(c.group is not None for c in _carried_from(ctx, point)):
+            return "a quantizer carried from it is in a Concat group"
         return None
 
     def apply(self, ctx, point):
+        if _is_softmax_output(point):
+            for carried in _carried_from(ctx, point):
+                ctx.drop_activation(carried)
         ctx.drop_activation(point)
         if point.is_concat_output:
             _drop_concat_group(ctx, point)
+
+
+def _is_softmax_output(point: ActivationPoint) -> bool:
+    producer = point.value.producer()
+    return (not point.exists and point.source is None and point.fixed_range is None and producer is not None
+            and producer.domain == "" and producer.op_type == "Softmax")
+
+
+def _carried_from(ctx: PlanContext, point: ActivationPoint) -> list[ActivationPoint]:
+    """The points that carry ``point``'s quantizer, directly or through other carried points."""
+    found, frontier = [], {id(point)}
+    while frontier:
+        step = [p for p in ctx.plan.activations if p.source is not None and id(p.source) in frontier]
+        found += step
+        frontier = {id(p) for p in step}
+    return found
 
 
 def _drop_concat_group(ctx: PlanContext, output: ActivationPoint) -> None:
@@ -450,6 +486,30 @@ def _drop_concat_group(ctx: PlanContext, output: ActivationPoint) -> None:
     if not any(m.is_concat_output for m in members):
         for m in members:
             m.group = None
+        # a member that only the union kept: a Sigmoid's or Softmax's output (Yolo-FastestV2's objectness and
+        # class scores, concatenated in float into the model output) needs no pair of its own either
+        for m in members:
+            root = m
+            while root.source is not None:
+                root = root.source
+            if root in ctx.plan.activations and _float_root_unread(ctx, root):
+                for carried in _carried_from(ctx, root):
+                    ctx.drop_activation(carried)
+                ctx.drop_activation(root)
+
+
+def _float_root_unread(ctx: PlanContext, root: ActivationPoint) -> bool:
+    """``root`` is a Softmax/activation output's own quantizer that no integer op reads (through the
+    quantizers carried from it), in no Concat group, and no graph output (a Softmax's may be)."""
+    if root.exists or root.fixed_range is not None or root.group is not None or root.is_concat_output:
+        return False
+    if not (_is_softmax_output(root) or _float_read_computation(ctx, root.value)):
+        return False
+    if not _is_softmax_output(root) and (root.value.is_graph_output() or ctx.view.is_graph_output(root.value)):
+        return False
+    if any(c.group is not None for c in _carried_from(ctx, root)):
+        return False
+    return not any(_integer_reader(ctx, r) for r in _readers_through_carries(ctx, root.value))
 
 
 def _float_arithmetic(ctx: PlanContext, value: ir.Value) -> bool:
