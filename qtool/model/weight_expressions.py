@@ -23,6 +23,7 @@ from onnx.reference import ReferenceEvaluator
 
 from qtool.model.constants import constant_array, contiguous, is_constant, remove_if_unused
 from qtool.model.layers import BIAS_INPUT, WEIGHT_INPUT
+from qtool.model.names import NameScope
 
 # ops that only select, reorder, join or convert values
 FOLDABLE = ("Identity", "Reshape", "Transpose", "Cast", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Concat",
@@ -98,10 +99,7 @@ def fold_weight_expressions(graph: ir.Graph, opset: int, skip=lambda node: False
             array = folder.value(value)
             if array is None:
                 continue
-            name = value.name or f"{node.name}/input_{index}"
-            base, k = f"{name}/folded", 0
-            while (name := base if k == 0 else f"{base}_{k}") in used:
-                k += 1
+            name = NameScope.fresh(f"{value.name or f'{node.name}/input_{index}'}/folded", used)
             used.add(name)
             folded = ir.Value(name=name, const_value=ir.Tensor(contiguous(array), name=name))
             graph.register_initializer(folded)

@@ -21,6 +21,7 @@ import onnx_ir as ir
 from qtool.data import CalibrationData
 from qtool.errors import QtoolError
 from qtool.model.session import tapped_session
+from qtool.simulate.result import sqnr_db as signal_to_noise_db
 
 CHECK_SAMPLES = 16  # the default batch; a model exported for batch 1 runs this many batches
 KEPT_VALUES = 1 << 22  # per output (16 MB of float32): larger outputs are compared on a regular subsample
@@ -43,9 +44,7 @@ def sqnr_db(reference: np.ndarray, test: np.ndarray) -> float | None:
         return None
     with np.errstate(over="ignore", invalid="ignore"):
         noise = float(np.sum((ref - got) ** 2))
-    if not np.isfinite(noise):
-        return float("-inf")
-    return float("inf") if noise == 0.0 else float(10.0 * np.log10(signal / noise))
+    return float("-inf") if not np.isfinite(noise) else signal_to_noise_db(signal, noise)
 
 
 @dataclass
