@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from qtool import calibrate as cal
 from qtool.calibrate.branch_data import BranchCapture, BranchData
+from qtool.calibrate.observers import AUTO, auto_methods
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
@@ -110,6 +111,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     _check_float(opened)
     clock.lap("load")
     given = cal.read_ranges(ranges) if ranges is not None else None
+    auto = calibration.method == AUTO and calibration_data is not None
+    source = opened.model.clone() if auto else None  # each method's ranges are written on a fresh copy
     prepared = prepare_eval(opened.model, quant, opened.label)
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
@@ -128,22 +131,70 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
-    branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all, progress=progress)
-    clock.lap("calibrate")
-    encoding = encode_eval(prepared, found)
-    if branches:
-        finish_branches(prepared.model.graph)
-    clock.lap("encode")
+    if auto:
+        prepared, found, encoding, branches, check = _best_calibration(source, prepared, observed, reference, data,
+                                                                       calibration, quant, opened.label, progress)
+        clock.lap("calibrate, encode and check (auto)")
+    else:
+        encoding, branches = _encode(prepared, found, data, calibration, given_all, progress)
+        clock.lap("calibrate and encode")
+        check = reference.check(prepared.model, calibration.method) if reference is not None else None
     warnings, notes = eval_messages(prepared, encoding, found, observed,
                                     list(data.ignored) if data is not None else [], branches)
-    check = reference.check(prepared.model, calibration.method) if reference is not None else None
     if check is not None:
         warnings += check.warnings()
         clock.lap("check")
+    opened.model = prepared.model
     files = _save(opened)
     clock.lap("save")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
                          clock.laps, branches, check)
+
+
+AUTO_MARGIN_DB = 0.5
+
+
+def _encode(prepared, found: dict, data, calibration: CalibrationConfig, given_all=None, progress=None):
+    """``prepared``'s model encoded with the ranges ``found`` (its If branches calibrated and rewritten
+    first): ``(encoding, branch results)``."""
+    branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all, progress=progress)
+    encoding = encode_eval(prepared, found)
+    if branches:
+        finish_branches(prepared.model.graph)
+    return encoding, branches
+
+
+def _best_calibration(source, prepared, observed, reference, data, calibration: CalibrationConfig,
+                      quant: QuantConfig, label, progress=None):
+    """``--calibration-method auto``: the model written with each method's ranges (one histogram pass
+    gave them all; If branches are calibrated by each method in turn), its outputs checked against the
+    float model's on the first calibration batch. In the order of :data:`AUTO_METHODS` (min/max first), a
+    method replaces the one kept when its worst output is more than :data:`AUTO_MARGIN_DB` closer to
+    float's (less is noise on 16 samples). ``(prepared, ranges, encoding, branches,
+    check)`` of the one kept; without a check to choose by (nothing to quantize outside If branches, or
+    no float output), min/max."""
+    tried, best = {}, None
+    candidates = observed.candidates() if observed is not None else dict.fromkeys(
+        auto_methods(calibration.num_bins, prepared.config.activation_bits), {})
+    for method, found in candidates.items():
+        if prepared is None:
+            prepared = prepare_eval(source.clone(), quant, label)
+        encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=method),
+                                     progress=progress)
+        check = reference.check(prepared.model, method) if reference is not None else None
+        worst = check.worst() if check is not None and check.error is None else None
+        tried[method] = worst[1] if worst is not None else (float("-inf") if check is not None else None)
+        if best is None or (tried[method] is not None and tried[method] > tried[best[5]] + AUTO_MARGIN_DB):
+            best = (prepared, found, encoding, branches, check, method)
+        if tried[method] is None:  # nothing to choose by
+            break
+        prepared = None
+    prepared, found, encoding, branches, check, method = best
+    if observed is not None:
+        observed.chosen, observed.ranges = method, found
+    if check is not None:
+        check.tried = tried
+    return prepared, found, encoding, branches, check
 
 
 def _worth_checking(prepared, data) -> bool:
@@ -275,6 +326,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     says. The training contract is in ``metadata_props["qtool.training"]``
     (``docs/training.md``); a qtool training graph is returned as it is.
     """
+    _only_rewrite_eval_chooses(calibration, "rewrite-train's initial ranges")
     opened = open_model(model, output, in_place, inputs=[calibration_data])
     _check_float(opened)
     contract = existing_contract(opened.model, opened.label)
@@ -316,7 +368,14 @@ def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),
     return _calibrate(ir_model, data, tensors, quant, calibration, progress)
 
 
+def _only_rewrite_eval_chooses(calibration: CalibrationConfig, what: str) -> None:
+    if calibration.method == AUTO:
+        raise QtoolError(f"--calibration-method auto chooses by the int8 model it writes: rewrite-eval only, not "
+                         f"{what} (give the method rewrite-eval's summary says it kept)")
+
+
 def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
+    _only_rewrite_eval_chooses(calibration, "a ranges file" if tensors is None else "a calibration")
     whole, planned = [], tensors is None
     if planned:
         plan = fold_and_plan(ir_model, quant)[2]

@@ -135,6 +135,7 @@ class CalibrationConfig:
             "percentile": {"percentile": self.percentile, "num_bins": self.num_bins},
             "entropy": search,
             "mse": search,
+            "auto": {"percentile": self.percentile, **search},  # every method's ranges from one histogram
         }
         # a registered method gets every option (its factory takes the ones it names)
         return table.get(self.method, {"percentile": self.percentile, "ema_decay": self.ema_decay, **search})

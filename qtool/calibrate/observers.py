@@ -259,6 +259,43 @@ class MseObserver(HistogramObserver):
         return self.histogram.mse_range(num_bits=self.num_bits, symmetric=self.symmetric)
 
 
+AUTO = "auto"  # rewrite-eval's --calibration-method auto: each method's ranges tried, the best output kept
+AUTO_METHODS = ("minmax", "percentile", "mse", "entropy")  # in order of preference at equal output SQNR
+
+
+class CandidatesObserver(HistogramObserver):
+    """One streaming histogram reduced to the range of each of :data:`AUTO_METHODS` (``auto``):
+    every method's ranges from one pass over the data. ``range()`` is the min/max one."""
+
+    name = AUTO
+
+    def __init__(self, percentile: float = 99.999, num_bins: int = 2048, num_bits: int = 8,
+                 symmetric: bool = False) -> None:
+        super().__init__(num_bins, num_bits, symmetric)
+        self.percentile = PercentileObserver(percentile, num_bins, num_bits, symmetric).percentile  # checked there
+
+    def _range(self):
+        return self.histogram.min, self.histogram.max
+
+    def candidates(self) -> dict[str, tuple[float, float] | None]:
+        """The range each method of :func:`auto_methods` chooses (None: no finite value seen)."""
+        if self.histogram.total == 0:
+            return dict.fromkeys(auto_methods(self.histogram.num_bins, self.num_bits))
+        h = self.histogram
+        search = {"num_bits": self.num_bits, "symmetric": self.symmetric}
+        found = {"minmax": (h.min, h.max), "percentile": h.percentile_range(self.percentile),
+                 "mse": h.mse_range(**search)}
+        if "entropy" in auto_methods(h.num_bins, self.num_bits):
+            found["entropy"] = h.entropy_range(**search)
+        return {m: (float(r[0]), float(r[1])) for m, r in found.items()}
+
+
+def auto_methods(num_bins: int, num_bits: int) -> tuple[str, ...]:
+    """The methods ``auto`` tries: entropy only where the histogram has the bins its search needs
+    (:class:`EntropyObserver`)."""
+    return tuple(m for m in AUTO_METHODS if m != "entropy" or int(num_bins) >= 4 << int(num_bits))
+
+
 _F32_MAX = float(np.finfo(np.float32).max)
 _SQRT_F32_MAX = math.sqrt(_F32_MAX)  # 1.8e19: the product of two larger float32 values is inf
 
@@ -335,6 +372,7 @@ _OBSERVERS: dict[str, Callable[..., Observer]] = {
     "percentile": PercentileObserver,
     "entropy": EntropyObserver,
     "mse": MseObserver,
+    AUTO: CandidatesObserver,  # rewrite-eval only (qtool.api): the choice needs the written model
 }
 
 # Option names a factory may take (each factory gets the ones its signature names).

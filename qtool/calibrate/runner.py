@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.calibrate.observers import Observer, data_warnings, make_observer
+from qtool.calibrate.observers import CandidatesObserver, Observer, auto_methods, data_warnings, make_observer
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.data import CalibrationData
 from qtool.errors import QtoolError
@@ -34,10 +34,20 @@ class CalibrationResult:
     seconds: float
     ignored_arrays: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)
+    chosen: str | None = None  # auto: the method whose ranges were kept (qtool.api)
+
+    def candidates(self) -> dict[str, dict[str, tuple[float, float] | None]]:
+        """``auto``: each method's ranges, by method (a tensor observed by min/max whatever the method,
+        a Softmax output, keeps its range in each)."""
+        methods = auto_methods(self.options["num_bins"], self.options["num_bits"])
+        found = {name: obs.candidates() if isinstance(obs, CandidatesObserver)
+                 else dict.fromkeys(methods, self.ranges[name]) for name, obs in self.observers.items()}
+        return {m: {name: ranges[m] for name, ranges in found.items()} for m in methods}
 
     def to_dict(self) -> dict:
         return {
             "method": self.method,
+            **({"chosen": self.chosen} if self.chosen else {}),
             "samples": self.num_samples,
             "batches": self.num_batches,
             "seconds": round(self.seconds, 3),

@@ -163,7 +163,8 @@ def apply_aliases(ctx: click.Context, params: dict) -> None:
 
 
 # options that only one calibration method reads: given for another method, they would be ignored
-METHOD_OPTIONS = {"percentile": ("percentile",), "num_bins": ("percentile", "entropy", "mse"), "ema_decay": ("ema",)}
+METHOD_OPTIONS = {"percentile": ("percentile", "auto"), "num_bins": ("percentile", "entropy", "mse", "auto"),
+                  "ema_decay": ("ema",)}
 
 
 def check_method_options(ctx: click.Context, method: str) -> None:
@@ -186,16 +187,18 @@ batch_size_option = click.option(
 CALIBRATION_METHODS = ("minmax", "ema", "percentile", "entropy", "mse")
 
 
-def calibration_method_option(name: str = "--calibration-method"):
+def calibration_method_option(name: str = "--calibration-method", auto: bool = False):
     return click.option(
         name,
         "calibration_method",
-        type=click.Choice(CALIBRATION_METHODS),
+        type=click.Choice(CALIBRATION_METHODS + (("auto",) if auto else ())),
         default="minmax",
         show_default=True,
         help="How activation ranges are chosen: min/max over all data; TF's moving average of batch min/max; "
         "a percentile of a histogram; TensorRT's KL-divergence threshold; the range with the least "
-        "fake-quantization MSE. See docs/calibration.md.",
+        "fake-quantization MSE" + ("; auto: the model written with each of minmax, percentile, mse and entropy "
+                                   "(one histogram pass), the one whose outputs on the first calibration samples "
+                                   "are closest to float's kept" if auto else "") + ". See docs/calibration.md.",
     )
 
 
@@ -222,11 +225,15 @@ ema_decay_option = click.option(
 )
 
 
-def calibration_options(f):
-    """``--calibration-method``, ``--percentile``, ``--num-bins``, ``--ema-decay`` in one decorator."""
-    for option in reversed((calibration_method_option(), percentile_option, num_bins_option, ema_decay_option)):
-        f = option(f)
-    return f
+def calibration_options(f=None, *, auto: bool = False):
+    """``--calibration-method``, ``--percentile``, ``--num-bins``, ``--ema-decay`` in one decorator
+    (``auto=True``: the method ``auto`` too, which only rewrite-eval can run: it checks what it writes)."""
+    def decorate(f):
+        for option in reversed((calibration_method_option(auto=auto), percentile_option, num_bins_option,
+                                ema_decay_option)):
+            f = option(f)
+        return f
+    return decorate if f is None else decorate(f)
 
 
 def quantization_options(f):

@@ -95,7 +95,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @batch_size_option
 @quantization_options
 @round_mode_option
-@calibration_options
+@calibration_options(auto=True)
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,
               help="Activation ranges from 'qtool calibrate' (or an onnxruntime calibration cache) instead of --data.")
 @in_place_option

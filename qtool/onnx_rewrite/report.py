@@ -355,8 +355,13 @@ def _check_lines(check: dict | None) -> list[str]:
         return "exact" if db is None else f"{db} dB" if db == "-inf" else f"{math.floor(db * 10) / 10:.1f} dB"
     worst = min(scored, key=lambda name: float("inf") if scored[name] is None else float(scored[name]))
     which = f"'{worst}'" if len(scored) == 1 else f"worst of {len(scored)} outputs: '{worst}'"
-    return [f"  output vs float        SQNR {text(scored[worst])} on {check['samples']} calibration "
-            f"sample(s) ({which})"]
+    lines = [f"  output vs float        SQNR {text(scored[worst])} on {check['samples']} calibration "
+             f"sample(s) ({which})"]
+    tried = check.get("tried", {})
+    if len(tried) > 1:  # --calibration-method auto
+        each = [f"{m} {text(db)}{' (kept)' if m == check['method'] else ''}" for m, db in tried.items()]
+        lines.append(f"  calibration methods    {', '.join(each)}  (the worst output's SQNR with each)")
+    return lines
 
 
 def _affine_counts(folds) -> dict:
@@ -389,7 +394,8 @@ def _affine_lines(c: dict) -> list[str]:
 def _ranges_source(s: dict) -> str:
     calib = s.get("calibration")
     if calib:
-        return f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {calib['method']}"
+        method = f"{calib['method']}: {calib['chosen']}" if calib.get("chosen") else calib["method"]
+        return f"calibrated: {calib['samples']} samples, {_plural(calib['batches'], 'batch')}, {method}"
     taken = [b for b in s.get("if_branches", []) if b["quantized"]]
     if taken and not s.get("ranges_from"):
         samples = ", ".join(str(b["samples"]) for b in taken)

@@ -53,32 +53,47 @@ class OutputCheck:
     sqnr_db: dict[str, float | None] = field(default_factory=dict)  # per float output (None: no signal)
     error: str | None = None  # onnxruntime could not run the written model
     method: str = "minmax"  # the calibration method the ranges came from
+    # --calibration-method auto: each method tried, with its worst output's SQNR (None: nothing to choose by)
+    tried: dict[str, float | None] = field(default_factory=dict)
 
     def worst(self) -> tuple[str, float] | None:
         scored = [(name, db) for name, db in self.sqnr_db.items() if db is not None]
         return min(scored, key=lambda item: item[1]) if scored else None
 
     def to_dict(self) -> dict:
-        def number(db):  # rounded down, as the warning's text: 9.996 dB is not "10.0" under a 10 dB bar
-            return None if db is None or db == float("inf") else (math.floor(db * 100) / 100 if np.isfinite(db)
-                                                                   else "-inf")
-        return {"samples": self.samples, "sqnr_db": {name: number(db) for name, db in self.sqnr_db.items()},
+        return {"samples": self.samples, "sqnr_db": {name: _number(db) for name, db in self.sqnr_db.items()},
+                **({"method": self.method, "tried": {m: _number(db) for m, db in self.tried.items()}}
+                   if self.tried else {}),
                 **({"error": self.error} if self.error else {})}
 
     def warnings(self) -> list[str]:
         if self.error:
             return [self.error]
         worst = self.worst()
+        if worst is None and self.tried:
+            return ["--calibration-method auto had no float output with a signal to choose by: min/max ranges"]
         if worst is None or worst[1] >= WARN_DB:
             return []
         name, db = worst
-        level = "-inf" if db == float("-inf") else f"{math.floor(db * 10) / 10:.1f}"  # the summary's digits
-        others = " or ".join(m for m in ("percentile", "mse") if m != self.method)
+        where = (f"the int8 model's output '{name}' is far from the float model's on the first {self.samples} "
+                 f"calibration sample(s): SQNR {tenths(db)} dB (below {WARN_DB:.0f} dB)")
+        if len(self.tried) > 1:
+            return [f"{where} with the best of {len(self.tried)} calibration methods ({self.method}). Use qtool "
+                    "simulate to find the layers that lose it (--exclude them), or more --activation-bits"]
         why = " (outliers widen min/max ranges)" if self.method in ("minmax", "ema") else ""
-        return [f"the int8 model's output '{name}' is far from the float model's on the first "
-                f"{self.samples} calibration sample(s): SQNR {level} dB (below {WARN_DB:.0f} dB). Try "
-                f"--calibration-method {others}{why}, and qtool simulate to find the layers that lose it "
-                "(--exclude them)"]
+        return [f"{where}. Try --calibration-method auto (each method's ranges tried, the best output kept){why}, "
+                "and qtool simulate to find the layers that lose it (--exclude them)"]
+
+
+def tenths(db: float) -> str:
+    """An SQNR as the summary and the warnings write it: rounded down to tenths (9.96 dB warned about as
+    below 10 dB must not read "10.0"), "-inf" for infinite noise."""
+    return "-inf" if db == float("-inf") else f"{math.floor(db * 10) / 10:.1f}"
+
+
+def _number(db):
+    """An SQNR in the JSON: hundredths rounded down (None: exact or no signal; "-inf")."""
+    return None if db is None or db == float("inf") else (math.floor(db * 100) / 100 if np.isfinite(db) else "-inf")
 
 
 class Reference:

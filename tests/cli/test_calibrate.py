@@ -200,3 +200,21 @@ def test_a_failing_run_is_one_line_without_onnxruntimes_log(tmp_path, capfd):
     assert exit_info.value.code == 2 and "onnxruntime" not in err.split("qtool: error:")[0]
     assert [line for line in err.splitlines() if "error" in line.lower()] == \
         [next(line for line in err.splitlines() if line.startswith("qtool: error:"))]
+
+
+def test_auto_calibration_is_for_rewrite_eval_only(work):
+    for command in (("calibrate", work / "model.onnx", "-o", work / "r.json"),
+                    ("rewrite-train", work / "model.onnx", "-o", work / "t.onnx")):
+        result = invoke(*command, "--data", work / "calib.npz", "--calibration-method", "auto")
+        assert result.exit_code == 2 and "'auto' is not one of" in result.output
+    assert not (work / "r.json").exists() and not (work / "t.onnx").exists()
+
+
+def test_rewrite_eval_says_which_calibration_method_auto_kept(work):
+    args = ("rewrite-eval", work / "model.onnx", "-o", work / "q.onnx", "--data", work / "calib.npz",
+            "--calibration-method", "auto")
+    result = invoke(*args, "--percentile", "99.9")
+    assert result.exit_code == 0, result.output
+    assert "auto: minmax" in result.stdout and "calibration methods    minmax" in result.stdout
+    refused = invoke(*args, "--ema-decay", "0.9")
+    assert refused.exit_code == 2 and "--ema-decay is for --calibration-method ema, not auto" in refused.output

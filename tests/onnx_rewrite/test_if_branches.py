@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qtool
 from qtool.api import calibrate_to_file, simulate
+from qtool.config import CalibrationConfig
 from qtool.onnx_rewrite.branches import finish_branches
 from qtool.simulate.config import SimulateConfig
 
@@ -246,3 +247,16 @@ def test_an_lstm_in_a_branch_imports_the_domain_of_its_dynamic_kernel():
     assert {o.domain: o.version for o in out.opset_import}.get("com.microsoft") == 1
     onnx.checker.check_model(out)
     assert sqnr(run(model, feeds), run(out, feeds)) > 20
+
+
+def test_if_branches_are_calibrated_by_each_method_in_turn():
+    """silero's work is all inside If branches: each method calibrates the branch taken, and the one kept
+    is the model that method alone writes."""
+    model = silero_like()  # (random weights: one model for both rewrites)
+    auto = qtool.rewrite_eval(model, calibration_data=data(), calibration=CalibrationConfig(method="auto"))
+    check = auto.to_dict()["output_check"]
+    assert list(check["tried"]) == ["minmax", "percentile", "mse", "entropy"]
+    alone = qtool.rewrite_eval(model, calibration_data=data(),
+                               calibration=CalibrationConfig(method=check["method"]))
+    assert ir.serde.serialize_model(auto.model) == ir.serde.serialize_model(alone.model)
+    assert auto.to_dict()["if_branches"][0]["quantized"]

@@ -1,0 +1,103 @@
+"""``rewrite-eval --calibration-method auto``: every method's ranges from one histogram pass, the model
+written with each, and the one whose outputs on the first calibration samples are closest to float's kept."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from model_builders import x_data
+from test_output_check import convnet
+
+import qtool
+import qtool.api
+from qtool.calibrate.observers import CandidatesObserver, auto_methods
+from qtool.config import CalibrationConfig, QuantConfig
+from qtool.errors import QtoolError
+from qtool.simulate.output_check import WARN_DB
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+MODEL, CALIB = SAMPLES / "digits_cnn.onnx", SAMPLES / "calib.npz"
+
+
+def written(result) -> bytes:
+    return ir.serde.serialize_model(result.model).SerializeToString()
+
+
+def loud_sample():
+    """Twenty values a thousand times larger than the rest, in one sample after the first batch (which the
+    check runs): min/max ranges leave the others a few codes (their output is noise); a 99 % percentile
+    cuts them off."""
+    x = x_data(24, 4, 12, 12)
+    x[20].reshape(-1)[:20] = 1000.0
+    return {"x": x}
+
+
+def test_auto_keeps_the_method_whose_output_is_closest_to_float_and_writes_what_that_method_writes():
+    model, x = convnet(), loud_sample()  # (random weights: one model for both rewrites)
+    auto = qtool.rewrite_eval(model, calibration_data=x, calibration=CalibrationConfig(method="auto", percentile=99.0))
+    summary = auto.to_dict()
+    check, kept = summary["output_check"], summary["calibration"]["chosen"]
+    assert list(check["tried"]) == ["minmax", "percentile", "mse", "entropy"]
+    assert check["tried"]["minmax"] < WARN_DB and kept == "percentile" == check["method"]
+    assert check["tried"][kept] == max(check["tried"].values()) > check["tried"]["minmax"] + 3
+    (db,) = check["sqnr_db"].values()
+    assert db == check["tried"][kept]
+    alone = qtool.rewrite_eval(model, calibration_data=x, calibration=CalibrationConfig(method=kept, percentile=99.0))
+    assert written(auto) == written(alone)  # the same ranges as that method's own observer finds
+    assert summary["calibration"]["method"] == "auto" and f"auto: {kept}" in auto.format_text()
+    line = next(line for line in auto.format_text().splitlines() if "calibration methods" in line)
+    assert "percentile" in line and "dB (kept)" in line and line.index("minmax") < line.index("percentile")
+
+
+def test_auto_keeps_min_max_unless_another_method_is_clearly_closer():
+    """The sample model's methods are within a fraction of a dB of each other: min/max (tried first) stays,
+    and the model is the one --calibration-method minmax writes, to the byte."""
+    auto = qtool.rewrite_eval(str(MODEL), calibration_data=str(CALIB), calibration=CalibrationConfig(method="auto"))
+    minmax = qtool.rewrite_eval(str(MODEL), calibration_data=str(CALIB))
+    tried = auto.to_dict()["output_check"]["tried"]
+    assert auto.to_dict()["calibration"]["chosen"] == "minmax"
+    assert max(tried.values()) <= tried["minmax"] + 0.5
+    assert written(auto) == written(minmax)
+
+
+def test_when_no_method_reaches_the_bar_the_warning_says_they_were_all_tried():
+    result = qtool.rewrite_eval(convnet(), calibration_data=loud_sample(), calibration=CalibrationConfig(method="auto"),
+                                quant=QuantConfig(activation_bits=2))
+    tried = result.to_dict()["output_check"]["tried"]
+    assert max(tried.values()) < WARN_DB
+    warning = next(w for w in result.warnings if "far from the float model" in w)
+    assert f"the best of {len(tried)} calibration methods" in warning and "Try" not in warning
+
+
+def test_entropy_is_tried_only_with_the_bins_its_search_needs():
+    assert auto_methods(2048, 8) == ("minmax", "percentile", "mse", "entropy")
+    assert auto_methods(2048, 12) == ("minmax", "percentile", "mse")
+    result = qtool.rewrite_eval(convnet(), calibration_data=loud_sample(), calibration=CalibrationConfig(method="auto"),
+                                quant=QuantConfig(activation_bits=12))
+    assert list(result.to_dict()["output_check"]["tried"]) == ["minmax", "percentile", "mse"]
+
+
+def test_one_histogram_gives_each_methods_range():
+    from qtool.calibrate.observers import make_observer
+
+    x = np.random.default_rng(3).standard_normal(50_000).astype(np.float32) ** 3
+    auto = CandidatesObserver()
+    auto.update(x[:20_000])
+    auto.update(x[20_000:])
+    for method, found in auto.candidates().items():
+        alone = make_observer(method, num_bits=8)
+        alone.update(x[:20_000])
+        alone.update(x[20_000:])
+        assert found == alone.range(), method
+    assert auto.range() == (float(x.min()), float(x.max()))
+
+
+def test_auto_is_for_rewrite_eval_only(tmp_path):
+    auto = CalibrationConfig(method="auto")
+    for call in (lambda: qtool.api.calibrate(str(MODEL), str(CALIB), calibration=auto),
+                 lambda: qtool.api.calibrate_to_file(str(MODEL), str(CALIB), tmp_path / "r.json", calibration=auto),
+                 lambda: qtool.rewrite_train(str(MODEL), calibration_data=str(CALIB), calibration=auto)):
+        with pytest.raises(QtoolError, match="auto chooses by the int8 model it writes: rewrite-eval only"):
+            call()
+    assert not (tmp_path / "r.json").exists()
