@@ -260,3 +260,61 @@ def test_if_branches_are_calibrated_by_each_method_in_turn():
                                calibration=CalibrationConfig(method=check["method"]))
     assert ir.serde.serialize_model(auto.model) == ir.serde.serialize_model(alone.model)
     assert auto.to_dict()["if_branches"][0]["quantized"]
+
+
+def _stateful(identities: bool) -> onnx.ModelProto:
+    """silero-vad's TorchScript export: ``output, stateN = If(sr == 16000)``, each branch a Conv and the new
+    state a Concat of two of its reductions, written out through ``Identity`` nodes (the branch's output
+    behind one, and each If output behind one before the graph output)."""
+    def branch(tag, w):
+        last = f"{tag}_state" if identities else f"{tag}_out_state"
+        nodes = [helper.make_node("Conv", ["x", w], [f"{tag}_c"], pads=[1, 1]),
+                 helper.make_node("Relu", [f"{tag}_c"], [f"{tag}_r"]),
+                 helper.make_node("GlobalAveragePool", [f"{tag}_r"], [f"{tag}_p"]),
+                 helper.make_node("Flatten", [f"{tag}_p"], [f"{tag}_out_y"]),
+                 helper.make_node("ReduceMax", [f"{tag}_r"], [f"{tag}_h"], axes=[2], keepdims=0),
+                 helper.make_node("ReduceMin", [f"{tag}_c"], [f"{tag}_l"], axes=[2], keepdims=0),
+                 helper.make_node("Unsqueeze", [f"{tag}_h", "axis0"], [f"{tag}_h0"]),
+                 helper.make_node("Unsqueeze", [f"{tag}_l", "axis0"], [f"{tag}_l0"]),
+                 helper.make_node("Concat", [f"{tag}_h0", f"{tag}_l0"], [last], axis=0)]
+        if identities:
+            nodes.append(helper.make_node("Identity", [last], [f"{tag}_out_state"]))
+        outs = [helper.make_tensor_value_info(f"{tag}_out_{n}", TensorProto.FLOAT, None) for n in ("y", "state")]
+        return helper.make_graph(nodes, tag, [], outs)
+
+    ifs = ["if_y", "if_state"] if identities else ["output", "stateN"]
+    nodes = [helper.make_node("Equal", ["sr", "k16"], ["is16"]),
+             helper.make_node("If", ["is16"], ifs, name="by_rate", then_branch=branch("t", "w16"),
+                              else_branch=branch("e", "w8"))]
+    if identities:
+        nodes += [helper.make_node("Identity", ["if_y"], ["output"]), helper.make_node("Identity", ["if_state"], ["stateN"])]
+    inits = [numpy_helper.from_array(np.random.default_rng(5).standard_normal((8, 4, 3)).astype(np.float32) * 0.3, w)
+             for w in ("w16", "w8")]
+    inits += [numpy_helper.from_array(np.array(16000), "k16"), numpy_helper.from_array(np.array([0], np.int64), "axis0")]
+    graph = helper.make_graph(nodes, "vad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 32]),
+                                             helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 8]),
+                               helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "N", 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_state_output_behind_identities_is_placed_as_without_them():
+    """A branch output written as ``Concat -> Identity`` kept the Concat's pair, carried through the Identity
+    (the rule that drops a Concat output's pair no integer op reads saw a carried reader), so silero-vad's
+    recurrent state left the model rounded to one 8-bit grid for h and c (scale 0.199: h in [-1, 1] on ~10
+    levels), which its 16k_op15 export, with no Identity, never was. The Identities go before planning: both
+    writings give the same int8 model, and the state output reads the Concat, no DequantizeLinear."""
+    feeds = {"x": data()["x"], "sr": np.array(16000)}
+    written = {}
+    for identities in (True, False):
+        out = ir.serde.serialize_model(qtool.rewrite_eval(_stateful(identities), calibration_data=feeds).model)
+        onnx.checker.check_model(out, full_check=True)
+        assert [o.name for o in out.graph.output] == ["output", "stateN"]
+        if_node = next(n for n in out.graph.node if n.op_type == "If")
+        then = next(a.g for a in if_node.attribute if a.name == "then_branch")
+        producers = {o: n for n in then.node for o in n.output}
+        assert producers[then.output[1].name].op_type == "Concat"
+        written[identities] = [run(out, feeds)] + ort.InferenceSession(
+            out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[1:]
+    for with_identities, without in zip(written[True], written[False]):
+        np.testing.assert_array_equal(with_identities, without)
