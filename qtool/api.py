@@ -122,7 +122,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         else None
     observed, ranges_from, given_all = None, None, None
     if data is not None:  # (all of the model's tensors may be inside If branches)
-        observed, found = _observe(prepared, data, calibration, progress)
+        held = len(reference.feeds) if auto and reference is not None else 0  # auto's check batches
+        observed, found = _observe(prepared, data, calibration, progress, held)
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
         given_all = _given_ranges(given, prepared)  # If branches' tensors too
@@ -168,32 +169,41 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
                       quant: QuantConfig, label, progress=None):
     """``--calibration-method auto``: the model written with each method's ranges (one histogram pass
     gave them all; If branches are calibrated by each method in turn), its outputs checked against the
-    float model's on the first calibration batch. In the order of :data:`AUTO_METHODS` (min/max first), a
-    method replaces the one kept when its worst output is more than :data:`AUTO_MARGIN_DB` closer to
-    float's (less is noise on 16 samples). ``(prepared, ranges, encoding, branches,
-    check)`` of the one kept; without a check to choose by (nothing to quantize outside If branches, or
-    no float output), min/max."""
-    tried, best = {}, None
-    candidates = observed.candidates() if observed is not None else dict.fromkeys(
+    float model's on the first calibration batch. Each method is judged on ranges from the *other*
+    batches (``CandidatesObserver``: a method that fits the tails of the samples it is checked on looks
+    better than it is); the one kept is then written with ranges from all of them. In the order of
+    :data:`AUTO_METHODS` (min/max first), a method replaces the one kept when its worst output is more
+    than :data:`AUTO_MARGIN_DB` closer to float's (less is noise on 16 samples). ``(prepared, ranges,
+    encoding, branches, check)`` of the one kept; without a check to choose by (nothing to quantize outside
+    If branches, or no float output), min/max."""
+    held = reference is not None and observed is not None and observed.num_batches > len(reference.feeds)
+    candidates = observed.candidates(held_out=held) if observed is not None else dict.fromkeys(
         auto_methods(calibration.num_bins, prepared.config.activation_bits), {})
+    tried, kept, best = {}, None, None
     for method, found in candidates.items():
-        if prepared is None:
-            prepared = prepare_eval(source.clone(), quant, label)
+        prepared = prepared or prepare_eval(source.clone(), quant, label)
         encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=method),
                                      progress=progress)
         check = reference.check(prepared.model, method) if reference is not None else None
         worst = check.worst() if check is not None and check.error is None else None
         tried[method] = worst[1] if worst is not None else (float("-inf") if check is not None else None)
-        if best is None or (tried[method] is not None and tried[method] > tried[best[5]] + AUTO_MARGIN_DB):
-            best = (prepared, found, encoding, branches, check, method)
+        if kept is None or (tried[method] is not None and tried[method] > tried[kept] + AUTO_MARGIN_DB):
+            kept, best = method, (prepared, found, encoding, branches, check)
         if tried[method] is None:  # nothing to choose by
             break
         prepared = None
-    prepared, found, encoding, branches, check, method = best
+    if held:  # the method kept, calibrated on every batch
+        found = observed.candidates()[kept]
+        prepared = prepare_eval(source.clone(), quant, label)
+        encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=kept),
+                                     progress=progress)
+        best = (prepared, found, encoding, branches, reference.check(prepared.model, kept))
+    prepared, found, encoding, branches, check = best
     if observed is not None:
-        observed.chosen, observed.ranges = method, found
+        observed.chosen, observed.ranges = kept, found
     if check is not None:
         check.tried = tried
+        check.tried_calibrated_on = observed.num_samples - reference.samples if held else None
     return prepared, found, encoding, branches, check
 
 
@@ -278,14 +288,15 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
     return result, ranges, samples
 
 
-def _observe(prepared, data, calibration: CalibrationConfig, progress=None):
+def _observe(prepared, data, calibration: CalibrationConfig, progress=None, held_out: int = 0):
     """``(calibration result, ranges)`` of the tensors ``prepared``'s plan calibrates, observed on ``data``;
-    ``(None, {})`` when it calibrates none (its layers all inside If branches)."""
+    ``(None, {})`` when it calibrates none (its layers all inside If branches). ``held_out``: see
+    ``collect_ranges``."""
     tensors = prepared.tensors_to_calibrate()
     if not tensors:
         return None, {}
     observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
-                                  whole=prepared.whole_range_tensors())
+                                  whole=prepared.whole_range_tensors(), held_out=held_out)
     return observed, observed.ranges
 
 

@@ -265,27 +265,40 @@ AUTO_METHODS = ("minmax", "percentile", "mse", "entropy")  # in order of prefere
 
 class CandidatesObserver(HistogramObserver):
     """One streaming histogram reduced to the range of each of :data:`AUTO_METHODS` (``auto``):
-    every method's ranges from one pass over the data. ``range()`` is the min/max one."""
+    every method's ranges from one pass over the data. ``range()`` is the min/max one.
+
+    The first ``held_out`` batches (the ones the choice is checked on) are also left out of a second
+    histogram, ``rest``: ranges from the other batches, to judge each method on samples it did not see
+    (a method that fits the calibration samples' tails closely looks better on them than it is)."""
 
     name = AUTO
 
     def __init__(self, percentile: float = 99.999, num_bins: int = 2048, num_bits: int = 8,
-                 symmetric: bool = False) -> None:
+                 symmetric: bool = False, held_out: int = 0) -> None:
         super().__init__(num_bins, num_bits, symmetric)
         self.percentile = PercentileObserver(percentile, num_bins, num_bits, symmetric).percentile  # checked there
+        self.held_out = int(held_out)
+        self.rest = Histogram(int(num_bins))
+
+    def update(self, batch: np.ndarray) -> None:
+        super().update(batch)
+        if self.issues.batches > self.held_out and np.size(batch):
+            self.rest.update(batch)
 
     def _range(self):
         return self.histogram.min, self.histogram.max
 
-    def candidates(self) -> dict[str, tuple[float, float] | None]:
-        """The range each method of :func:`auto_methods` chooses (None: no finite value seen)."""
-        if self.histogram.total == 0:
-            return dict.fromkeys(auto_methods(self.histogram.num_bins, self.num_bits))
-        h = self.histogram
+    def candidates(self, held_out: bool = False) -> dict[str, tuple[float, float] | None]:
+        """The range each method of :func:`auto_methods` chooses (None: no finite value seen), from every
+        batch or (``held_out``) from the batches after the held-out ones."""
+        h = self.rest if held_out else self.histogram
+        methods = auto_methods(h.num_bins, self.num_bits)
+        if h.total == 0:
+            return dict.fromkeys(methods)
         search = {"num_bits": self.num_bits, "symmetric": self.symmetric}
         found = {"minmax": (h.min, h.max), "percentile": h.percentile_range(self.percentile),
                  "mse": h.mse_range(**search)}
-        if "entropy" in auto_methods(h.num_bins, self.num_bits):
+        if "entropy" in methods:
             found["entropy"] = h.entropy_range(**search)
         return {m: (float(r[0]), float(r[1])) for m, r in found.items()}
 

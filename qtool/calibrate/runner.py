@@ -36,11 +36,12 @@ class CalibrationResult:
     options: dict = field(default_factory=dict)
     chosen: str | None = None  # auto: the method whose ranges were kept (qtool.api)
 
-    def candidates(self) -> dict[str, dict[str, tuple[float, float] | None]]:
-        """``auto``: each method's ranges, by method (a tensor observed by min/max whatever the method,
-        a Softmax output, keeps its range in each)."""
+    def candidates(self, held_out: bool = False) -> dict[str, dict[str, tuple[float, float] | None]]:
+        """``auto``: each method's ranges, by method, from all batches or (``held_out``) from those after
+        the held-out ones (a tensor observed by min/max whatever the method, a Softmax output, keeps its
+        range in each)."""
         methods = auto_methods(self.options["num_bins"], self.options["num_bits"])
-        found = {name: obs.candidates() if isinstance(obs, CandidatesObserver)
+        found = {name: obs.candidates(held_out) if isinstance(obs, CandidatesObserver)
                  else dict.fromkeys(methods, self.ranges[name]) for name, obs in self.observers.items()}
         return {m: {name: ranges[m] for name, ranges in found.items()} for m in methods}
 
@@ -103,12 +104,13 @@ def _one_sample_error(session: TappedSession, data: CalibrationData, feed: dict)
 
 def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
                    calibration: CalibrationConfig = CalibrationConfig(), quant: QuantConfig = QuantConfig(),
-                   progress: Progress | None = None, whole: Sequence[str] = ()) -> CalibrationResult:
+                   progress: Progress | None = None, whole: Sequence[str] = (), held_out: int = 0) -> CalibrationResult:
     """Observe ``tensors`` of ``model`` over ``data`` with ``calibration.method``; returns their ranges.
     The tensors in ``whole`` (Softmax outputs: ``QuantPlan.whole_range_tensors``) are observed by
     min/max whatever the method: their largest values are the ones that matter.
 
-    Tensors that are graph inputs are observed on the fed batches directly.
+    ``held_out``: with the method ``auto``, the number of first batches its candidates can be checked on
+    (``CandidatesObserver``). Tensors that are graph inputs are observed on the fed batches directly.
     The histogram searches quantize with ``quant``'s activation bits and
     symmetry. Bad methods and options fail before anything runs.
     """
@@ -118,7 +120,8 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
     values = value_map(model.graph)
     make_observer(method, **options)  # bad methods and options fail before the session is built
     whole = set(whole)
-    observers = {name: make_observer("minmax" if name in whole else method, **options) for name in tensors}
+    made = {**options, "held_out": held_out} if held_out else options
+    observers = {name: make_observer("minmax" if name in whole else method, **made) for name in tensors}
     unknown = [t for t in tensors if t not in values]
     if unknown:
         raise QtoolError(f"cannot calibrate tensor '{unknown[0]}': not in the model")

@@ -360,7 +360,9 @@ def _check_lines(check: dict | None) -> list[str]:
     tried = check.get("tried", {})
     if len(tried) > 1:  # --calibration-method auto
         each = [f"{m} {text(db)}{' (kept)' if m == check['method'] else ''}" for m, db in tried.items()]
-        lines.append(f"  calibration methods    {', '.join(each)}  (the worst output's SQNR with each)")
+        on = check.get("tried_calibrated_on")
+        lines.append(f"  calibration methods    {', '.join(each)}  (the worst output's SQNR with each"
+                     + (f", calibrated on the other {on} samples)" if on else ")"))
     return lines
 
 

@@ -55,6 +55,7 @@ class OutputCheck:
     method: str = "minmax"  # the calibration method the ranges came from
     # --calibration-method auto: each method tried, with its worst output's SQNR (None: nothing to choose by)
     tried: dict[str, float | None] = field(default_factory=dict)
+    tried_calibrated_on: int | None = None  # auto: the samples after these each method was calibrated on
 
     def worst(self) -> tuple[str, float] | None:
         scored = [(name, db) for name, db in self.sqnr_db.items() if db is not None]
@@ -62,8 +63,8 @@ class OutputCheck:
 
     def to_dict(self) -> dict:
         return {"samples": self.samples, "sqnr_db": {name: _number(db) for name, db in self.sqnr_db.items()},
-                **({"method": self.method, "tried": {m: _number(db) for m, db in self.tried.items()}}
-                   if self.tried else {}),
+                **({"method": self.method, "tried": {m: _number(db) for m, db in self.tried.items()},
+                    "tried_calibrated_on": self.tried_calibrated_on} if self.tried else {}),
                 **({"error": self.error} if self.error else {})}
 
     def warnings(self) -> list[str]:

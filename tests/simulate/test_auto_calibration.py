@@ -1,10 +1,12 @@
 """``rewrite-eval --calibration-method auto``: every method's ranges from one histogram pass, the model
 written with each, and the one whose outputs on the first calibration samples are closest to float's kept."""
 
+import math
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 from model_builders import x_data
 from test_output_check import convnet
@@ -14,7 +16,7 @@ import qtool.api
 from qtool.calibrate.observers import CandidatesObserver, auto_methods
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.errors import QtoolError
-from qtool.simulate.output_check import WARN_DB
+from qtool.simulate.output_check import WARN_DB, sqnr_db
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MODEL, CALIB = SAMPLES / "digits_cnn.onnx", SAMPLES / "calib.npz"
@@ -22,6 +24,11 @@ MODEL, CALIB = SAMPLES / "digits_cnn.onnx", SAMPLES / "calib.npz"
 
 def written(result) -> bytes:
     return ir.serde.serialize_model(result.model).SerializeToString()
+
+
+def run(model, feeds):
+    proto = model if not isinstance(model, ir.Model) else ir.serde.serialize_model(model)
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
 def loud_sample():
@@ -41,8 +48,11 @@ def test_auto_keeps_the_method_whose_output_is_closest_to_float_and_writes_what_
     assert list(check["tried"]) == ["minmax", "percentile", "mse", "entropy"]
     assert check["tried"]["minmax"] < WARN_DB and kept == "percentile" == check["method"]
     assert check["tried"][kept] == max(check["tried"].values()) > check["tried"]["minmax"] + 3
-    (db,) = check["sqnr_db"].values()
-    assert db == check["tried"][kept]
+    assert check["tried_calibrated_on"] == 8  # each method judged on the first 16 samples, calibrated on the rest
+    judged = qtool.rewrite_eval(model, calibration_data={"x": x["x"][16:]},
+                                calibration=CalibrationConfig(method=kept, percentile=99.0))
+    first = {"x": x["x"][:16]}
+    assert math.floor(sqnr_db(run(model, first), run(judged.model, first)) * 100) / 100 == check["tried"][kept]
     alone = qtool.rewrite_eval(model, calibration_data=x, calibration=CalibrationConfig(method=kept, percentile=99.0))
     assert written(auto) == written(alone)  # the same ranges as that method's own observer finds
     assert summary["calibration"]["method"] == "auto" and f"auto: {kept}" in auto.format_text()
@@ -101,3 +111,13 @@ def test_auto_is_for_rewrite_eval_only(tmp_path):
         with pytest.raises(QtoolError, match="auto chooses by the int8 model it writes: rewrite-eval only"):
             call()
     assert not (tmp_path / "r.json").exists()
+
+
+def test_with_no_sample_beyond_the_checked_ones_each_method_is_judged_on_its_own_samples():
+    result = qtool.rewrite_eval(convnet(), calibration_data={"x": x_data(16, 4, 12, 12)},
+                                calibration=CalibrationConfig(method="auto"))
+    check = result.to_dict()["output_check"]
+    assert check["tried_calibrated_on"] is None and len(check["tried"]) == 4
+    assert check["sqnr_db"][next(iter(check["sqnr_db"]))] == check["tried"][check["method"]]
+    line = next(line for line in result.format_text().splitlines() if "calibration methods" in line)
+    assert line.endswith("(the worst output's SQNR with each)")
