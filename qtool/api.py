@@ -137,8 +137,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
                                                                        calibration, quant, opened.label, progress)
         clock.lap("calibrate, encode and check (auto)")
     else:
-        encoding, branches = _encode(prepared, found, data, calibration, given_all, progress)
-        clock.lap("calibrate and encode")
+        encoding, branches = _encode(prepared, found, data, calibration, given_all, progress, clock)
         check = reference.check(prepared.model, calibration.method) if reference is not None else None
     warnings, notes = eval_messages(prepared, encoding, found, observed,
                                     list(data.ignored) if data is not None else [], branches)
@@ -155,13 +154,18 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
 AUTO_MARGIN_DB = 0.5
 
 
-def _encode(prepared, found: dict, data, calibration: CalibrationConfig, given_all=None, progress=None):
+def _encode(prepared, found: dict, data, calibration: CalibrationConfig, given_all=None, progress=None,
+            clock: _Clock | None = None):
     """``prepared``'s model encoded with the ranges ``found`` (its If branches calibrated and rewritten
     first): ``(encoding, branch results)``."""
     branches = _rewrite_branches(prepared.model, prepared.config, data, calibration, given_all, progress=progress)
+    if clock is not None:
+        clock.lap("calibrate")
     encoding = encode_eval(prepared, found)
     if branches:
         finish_branches(prepared.model.graph)
+    if clock is not None:
+        clock.lap("encode")
     return encoding, branches
 
 

@@ -50,6 +50,9 @@ class QuantConfig:
     # how the training graph's FakeQuant and the offline weight codes round (activations in an eval
     # graph are QuantizeLinear's: half to even whatever is asked)
     round_mode: str = "half_up"
+    # the deployed model holds standard ONNX ops only (no com.microsoft DynamicQuantizeLSTM or Gelu), for
+    # runtimes other than onnxruntime; deployment only: a training graph does not depend on it
+    standard_ops: bool = False
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -60,6 +63,7 @@ class QuantConfig:
         object.__setattr__(self, "symmetric_weights", bool(self.symmetric_weights))
         object.__setattr__(self, "per_channel", bool(self.per_channel))
         object.__setattr__(self, "float_rnn", bool(self.float_rnn))
+        object.__setattr__(self, "standard_ops", bool(self.standard_ops))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
         if self.round_mode not in ROUND_MODES:
@@ -93,6 +97,7 @@ class QuantConfig:
             "exclude": sorted(self.exclude),
             "float_rnn": self.float_rnn,
             "round_mode": self.round_mode,
+            "standard_ops": self.standard_ops,
         }
 
 

@@ -102,6 +102,12 @@ float_rnn_option = click.option(
     help="Keep LSTMs in float. By default an LSTM runs as onnxruntime's com.microsoft.DynamicQuantizeLSTM "
     "(int8 weights quantized by qtool, activations quantized by the kernel at run time).",
 )
+standard_ops_option = click.option(
+    "--standard-ops",
+    is_flag=True,
+    help="Write standard ONNX ops only, for runtimes other than onnxruntime: LSTMs stay float (no "
+    "com.microsoft.DynamicQuantizeLSTM) and a GELU written out with Erf is not fused into com.microsoft.Gelu.",
+)
 round_mode_option = click.option(
     "--round-mode",
     type=click.Choice(ROUND_MODES),
@@ -250,7 +256,8 @@ def quant_config(params: dict):
     """``QuantConfig`` from the parsed ``quantization_options`` (popped from ``params``)."""
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
                        params.pop("per_channel"), params.pop("scope"), params.pop("exclude"),
-                       params.pop("symmetric_weights"), params.pop("float_rnn"), params.pop("round_mode", "half_up"))
+                       params.pop("symmetric_weights"), params.pop("float_rnn"), params.pop("round_mode", "half_up"),
+                       params.pop("standard_ops", False))
 
 
 def calibration_config(params: dict):

@@ -21,6 +21,7 @@ from qtool.cli._common import (
     quant_config,
     quantization_options,
     round_mode_option,
+    standard_ops_option,
     verbose_option,
 )
 from qtool.cli._output import print_result
@@ -94,6 +95,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @deprecated_alias("--calibration-data", "--data", "data", type=click.Path(dir_okay=False))
 @batch_size_option
 @quantization_options
+@standard_ops_option
 @round_mode_option
 @calibration_options(auto=True)
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,

@@ -493,7 +493,8 @@ class EvalEncoder:
             self.result.tiled_gates = tile_gates(self.graph, self.names, self.initializer)
             self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
         self.result.prelu_sums = prelus_as_sums(self.graph, self.names, self.initializer, self.opset)
-        self.result.fused_gelus = gelus_fused(self.graph, self.names)
+        if not self.config.standard_ops:  # com.microsoft.Gelu
+            self.result.fused_gelus = gelus_fused(self.graph, self.names)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result

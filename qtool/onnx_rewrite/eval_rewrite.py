@@ -142,7 +142,7 @@ def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, l
             values[key] = given
         else:
             values[key] = want
-    return QuantConfig(**values), warnings
+    return QuantConfig(**values, standard_ops=config.standard_ops), warnings  # (deployment only)
 
 
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:

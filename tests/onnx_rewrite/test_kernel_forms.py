@@ -198,8 +198,11 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
     onnx.checker.check_model(rewritten, full_check=True)
     again = qtool.rewrite_eval(rewritten, calibration_data=feeds)  # qtool's output read again: nothing new
     assert again.counts()["activations_quantized"] == 0
+    standard, _ = quantize(proto, feeds, standard_ops=True)
+    assert {n.domain for n in standard.graph.node} == {""}  # --standard-ops: the GELU stays written out
     monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.gelus_fused", lambda graph, names: [])
     plain, _ = quantize(proto, feeds)
+    assert standard == plain  # and nothing else differs
     assert optimized_ops(plain, tmp_path)["Erf"] >= 1  # what the fix is for: the QDQ model's GELU unfused
     got, want = outputs([rewritten, plain], feeds)
     step = np.min(np.diff(np.unique(want)))  # the output quantizer's step: the two erf kernels may tie apart

@@ -170,6 +170,7 @@ def test_options_the_kernel_allows():
 
 @pytest.mark.parametrize("quant, reason", [
     (QuantConfig(float_rnn=True), "kept in float (--float-rnn)"),
+    (QuantConfig(standard_ops=True), "kept in float (--standard-ops)"),
     (QuantConfig(weight_bits=12), "8 bits at most"),
     (QuantConfig(exclude=frozenset({"/rnn/L1"})), "excluded"),
 ])
@@ -295,3 +296,29 @@ def test_lstm_weights_concatenated_from_constants_are_not_activations():
     assert not [n for n in quantized.graph.node if n.op_type in ("Slice", "Concat")]
     train = qtool.rewrite_train(model, calibration_data=feeds(16, seed=1)).contract
     assert not [q for q in train["activation_quantizers"] if q["tensor"].startswith("W1")]
+
+
+def test_standard_ops_write_no_onnxruntime_op_and_survive_a_training_graph(tmp_path):
+    """``--standard-ops``: the deployed model holds ai.onnx ops only (for runtimes other than onnxruntime),
+    given at rewrite-eval of a training graph too, which was written without it (a deployment option: no
+    warning that it differs from what was trained)."""
+    from click.testing import CliRunner
+
+    from qtool.cli import main
+
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=np.load(EXPORTED.with_suffix(".npz"))["x"])
+    out, train, deployed = tmp_path / "q.onnx", tmp_path / "train.onnx", tmp_path / "train.q.onnx"
+    for args in (["rewrite-eval", EXPORTED, "-o", out, "--standard-ops", "--data", data],
+                 ["rewrite-train", EXPORTED, "-o", train, "--data", data],
+                 ["rewrite-eval", train, "-o", deployed, "--standard-ops"]):
+        result = CliRunner().invoke(main, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        assert "not what was trained" not in result.output
+    assert "kept in float (--standard-ops)" in result.output
+    for path in (out, deployed):
+        model = onnx.load(path)
+        assert {n.domain for n in model.graph.node} == {""} and "com.microsoft" not in {o.domain for o in model.opset_import}
+        assert [n.op_type for n in model.graph.node].count("LSTM") == 2
+        onnx.checker.check_model(model, full_check=True)
+

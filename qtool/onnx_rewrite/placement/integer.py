@@ -602,8 +602,8 @@ class RecurrentLayers(PlacementRule):
         if node.op_type != "LSTM":
             return (f"onnxruntime has no integer kernel for {node.op_type} (no DynamicQuantize{node.op_type}, "
                     "and its QDQ path has no selector for it): it runs in float")
-        if ctx.config.float_rnn:
-            return "kept in float (--float-rnn)"
+        if ctx.config.float_rnn or ctx.config.standard_ops:
+            return f"kept in float ({'--float-rnn' if ctx.config.float_rnn else '--standard-ops'})"
         reason = ctx.config.out_of_scope(node)
         if reason is not None:
             return f"weights not quantized: {reason}"
