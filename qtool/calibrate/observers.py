@@ -196,13 +196,16 @@ class HistogramObserver(Observer):
     def update(self, batch: np.ndarray) -> None:
         if np.size(batch) == 0:
             return
+        self._count(self.histogram, batch)
+
+    def _count(self, histogram: Histogram, batch: np.ndarray) -> None:
         self.issues.batch(batch)
-        before = self.histogram.nonfinite
-        self.histogram.update(batch)
-        if self.histogram.nonfinite != before:
+        before = histogram.nonfinite
+        histogram.update(batch)
+        if histogram.nonfinite != before:
             self.issues.nonfinite(batch)
-        if self.histogram.total:
-            self.issues.finite(self.histogram.min, self.histogram.max)
+        if histogram.total:
+            self.issues.finite(histogram.min, histogram.max)
 
     def range(self) -> tuple[float, float] | None:
         if self.histogram.total == 0:
@@ -264,12 +267,13 @@ AUTO_METHODS = ("minmax", "percentile", "mse", "entropy")  # in order of prefere
 
 
 class CandidatesObserver(HistogramObserver):
-    """One streaming histogram reduced to the range of each of :data:`AUTO_METHODS` (``auto``):
-    every method's ranges from one pass over the data. ``range()`` is the min/max one.
+    """Streaming histograms reduced to the range of each of :data:`AUTO_METHODS` (``auto``): every
+    method's ranges from one pass over the data. ``range()`` is the min/max one.
 
-    The first ``held_out`` batches (the ones the choice is checked on) are also left out of a second
-    histogram, ``rest``: ranges from the other batches, to judge each method on samples it did not see
-    (a method that fits the calibration samples' tails closely looks better on them than it is)."""
+    The first ``held_out`` batches (the ones the choice is checked on) go to a histogram of their own,
+    ``held``, the others to ``histogram``: ranges from the batches after the held-out ones judge each
+    method on samples it did not see (a method fitted to the tails of the samples it is checked on looks
+    better than it is); the two merged (exactly: ``Histogram.merge``) give the ranges from every batch."""
 
     name = AUTO
 
@@ -278,20 +282,27 @@ class CandidatesObserver(HistogramObserver):
         super().__init__(num_bins, num_bits, symmetric)
         self.percentile = PercentileObserver(percentile, num_bins, num_bits, symmetric).percentile  # checked there
         self.held_out = int(held_out)
-        self.rest = Histogram(int(num_bins))
+        self.held = Histogram(int(num_bins))
 
     def update(self, batch: np.ndarray) -> None:
-        super().update(batch)
-        if self.issues.batches > self.held_out and np.size(batch):
-            self.rest.update(batch)
+        if np.size(batch) == 0:
+            return
+        self._count(self.held if self.issues.batches < self.held_out else self.histogram, batch)
 
-    def _range(self):
-        return self.histogram.min, self.histogram.max
+    def whole(self) -> Histogram:
+        """The histogram of every batch."""
+        if self.held.total == 0:
+            return self.histogram
+        return Histogram(self.histogram.num_bins).merge(self.histogram).merge(self.held)
+
+    def range(self) -> tuple[float, float] | None:
+        h = self.whole()
+        return (float(h.min), float(h.max)) if h.total else None
 
     def candidates(self, held_out: bool = False) -> dict[str, tuple[float, float] | None]:
         """The range each method of :func:`auto_methods` chooses (None: no finite value seen), from every
         batch or (``held_out``) from the batches after the held-out ones."""
-        h = self.rest if held_out else self.histogram
+        h = self.histogram if held_out else self.whole()
         methods = auto_methods(h.num_bins, self.num_bits)
         if h.total == 0:
             return dict.fromkeys(methods)

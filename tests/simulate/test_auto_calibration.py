@@ -89,18 +89,23 @@ def test_entropy_is_tried_only_with_the_bins_its_search_needs():
 
 
 def test_one_histogram_gives_each_methods_range():
+    """From one pass, each method's range as its own observer finds it: over every batch (the held-out
+    first batch's histogram merged back exactly), and over the batches after the held-out one."""
     from qtool.calibrate.observers import make_observer
 
     x = np.random.default_rng(3).standard_normal(50_000).astype(np.float32) ** 3
-    auto = CandidatesObserver()
-    auto.update(x[:20_000])
-    auto.update(x[20_000:])
-    for method, found in auto.candidates().items():
-        alone = make_observer(method, num_bits=8)
-        alone.update(x[:20_000])
-        alone.update(x[20_000:])
-        assert found == alone.range(), method
-    assert auto.range() == (float(x.min()), float(x.max()))
+    x[7] = 100.0  # the largest value only in the held-out batch
+    batches = (x[:20_000], x[20_000:35_000], x[35_000:])
+    auto = CandidatesObserver(held_out=1)
+    for batch in batches:
+        auto.update(batch)
+    for held_out, seen in ((False, batches), (True, batches[1:])):
+        for method, found in auto.candidates(held_out).items():
+            alone = make_observer(method, num_bits=8)
+            for batch in seen:
+                alone.update(batch)
+            assert found == alone.range(), (method, held_out)
+    assert auto.range() == (float(x.min()), 100.0) and auto.candidates(True)["minmax"][1] < 100.0
 
 
 def test_auto_is_for_rewrite_eval_only(tmp_path):
