@@ -102,7 +102,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     as ``calibration`` says; ``ranges``: a ranges file written by ``qtool calibrate``
     (or an onnxruntime calibration cache), or a dict of ``(min, max)``, instead.
     With neither, a training graph's trained ranges, else TF's defaults (the
-    summary warns). ``progress(done, total)`` is called after each calibration batch.
+    summary warns). ``progress(done, total)`` is called after each calibration batch; a ``progress``
+    with a ``stage(name, done, total)`` method also hears ``--calibration-method auto``'s rewrites.
     """
     clock = _Clock()
     if ranges is not None and calibration_data is not None:
@@ -184,7 +185,14 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
     candidates = observed.candidates(held_out=held) if observed is not None else dict.fromkeys(
         auto_methods(calibration.num_bins, prepared.config.activation_bits), {})
     tried, kept, best = {}, None, None
-    for method, found in candidates.items():
+    stage = getattr(progress, "stage", None)
+
+    def report(done: int) -> None:
+        if stage is not None:
+            stage(f"writing the model with each of {len(candidates)} calibration methods", done, len(candidates))
+
+    report(0)
+    for i, (method, found) in enumerate(candidates.items()):
         prepared = prepared or prepare_eval(source.clone(), quant, label)
         encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=method),
                                      progress=progress)
@@ -196,6 +204,7 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         if tried[method] is None:  # nothing to choose by
             break
         prepared = None
+        report(i + 1)
     if held:  # the method kept, calibrated on every batch
         found = observed.candidates()[kept]
         prepared = prepare_eval(source.clone(), quant, label)

@@ -14,7 +14,7 @@ import click
 
 
 class StageProgress:
-    """``update(stage, done, total)`` after each batch; ``finish()`` at the end."""
+    """``update(stage, done, total[, unit])`` after each batch (or other step); ``finish()`` at the end."""
 
     def __init__(self, command: str, terminal: bool | None = None):
         self.command = command
@@ -26,7 +26,7 @@ class StageProgress:
         self.stage_start = self.start
         self.seconds: dict[str, float] = {}
 
-    def update(self, stage: str, done: int, total: int) -> None:
+    def update(self, stage: str, done: int, total: int, unit: str = "samples") -> None:
         if stage != self.stage or done < self.done:  # a new stage, or another pass of it (an If branch's)
             self._end_stage()
             self.stage, self.done, self.stage_start = stage, 0, time.perf_counter()
@@ -34,7 +34,7 @@ class StageProgress:
                 self.bar = click.progressbar(length=total, label=stage, file=sys.stderr, show_pos=True)
                 self.bar.__enter__()
             else:
-                count = f" ({total} samples)" if total else ""
+                count = f" ({total} {unit})" if total and unit else ""
                 click.echo(f"qtool {self.command}: {stage}{count}", err=True)
         if self.bar is not None:
             self.bar.update(done - self.done)
