@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from qtool import calibrate as cal
 from qtool.calibrate.branch_data import BranchCapture, BranchData
-from qtool.calibrate.observers import AUTO, auto_methods
+from qtool.calibrate.observers import AUTO, AUTO_METHODS
 from qtool.config import CalibrationConfig, QuantConfig, TrainSchedule
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
@@ -182,8 +182,7 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
     encoding, branches, check)`` of the one kept; without a check to choose by (nothing to quantize outside
     If branches, or no float output), min/max."""
     held = reference is not None and observed is not None and observed.num_batches > len(reference.feeds)
-    candidates = observed.candidates(held_out=held) if observed is not None else dict.fromkeys(
-        auto_methods(calibration.num_bins, prepared.config.activation_bits), {})
+    candidates = observed.candidates(held_out=held) if observed is not None else dict.fromkeys(AUTO_METHODS, {})
     tried, kept, best = {}, None, None
     stage = getattr(progress, "stage", None)
 

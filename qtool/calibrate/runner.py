@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.calibrate.observers import CandidatesObserver, Observer, auto_methods, data_warnings, make_observer
+from qtool.calibrate.observers import AUTO_METHODS, CandidatesObserver, Observer, data_warnings, make_observer
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.data import CalibrationData
 from qtool.errors import QtoolError
@@ -40,10 +40,9 @@ class CalibrationResult:
         """``auto``: each method's ranges, by method, from all batches or (``held_out``) from those after
         the held-out ones (a tensor observed by min/max whatever the method, a Softmax output, keeps its
         range in each)."""
-        methods = auto_methods(self.options["num_bins"], self.options["num_bits"])
         found = {name: obs.candidates(held_out) if isinstance(obs, CandidatesObserver)
-                 else dict.fromkeys(methods, self.ranges[name]) for name, obs in self.observers.items()}
-        return {m: {name: ranges[m] for name, ranges in found.items()} for m in methods}
+                 else dict.fromkeys(AUTO_METHODS, self.ranges[name]) for name, obs in self.observers.items()}
+        return {m: {name: ranges[m] for name, ranges in found.items()} for m in AUTO_METHODS}
 
     def to_dict(self) -> dict:
         return {

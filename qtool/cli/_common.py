@@ -202,7 +202,7 @@ def calibration_method_option(name: str = "--calibration-method", auto: bool = F
         show_default=True,
         help="How activation ranges are chosen: min/max over all data; TF's moving average of batch min/max; "
         "a percentile of a histogram; TensorRT's KL-divergence threshold; the range with the least "
-        "fake-quantization MSE" + ("; auto: the model written with each of minmax, percentile, mse and entropy "
+        "fake-quantization MSE" + ("; auto: the model written with each of minmax, percentile and mse "
                                    "(one histogram pass), the one whose outputs on the first calibration samples "
                                    "are closest to float's kept" if auto else "") + ". See docs/calibration.md.",
     )

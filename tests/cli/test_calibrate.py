@@ -216,6 +216,6 @@ def test_rewrite_eval_says_which_calibration_method_auto_kept(work):
     result = invoke(*args, "--percentile", "99.9")
     assert result.exit_code == 0, result.output
     assert "auto: minmax" in result.stdout and "calibration methods    minmax" in result.stdout
-    assert "rewrite-eval: writing the model with each of 4 calibration methods\n" in result.stderr
+    assert "rewrite-eval: writing the model with each of 3 calibration methods\n" in result.stderr
     refused = invoke(*args, "--ema-decay", "0.9")
     assert refused.exit_code == 2 and "--ema-decay is for --calibration-method ema, not auto" in refused.output

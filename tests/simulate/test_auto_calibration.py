@@ -13,7 +13,7 @@ from test_output_check import convnet
 
 import qtool
 import qtool.api
-from qtool.calibrate.observers import CandidatesObserver, auto_methods
+from qtool.calibrate.observers import CandidatesObserver
 from qtool.config import CalibrationConfig, QuantConfig
 from qtool.errors import QtoolError
 from qtool.simulate.output_check import WARN_DB, sqnr_db
@@ -45,7 +45,7 @@ def test_auto_keeps_the_method_whose_output_is_closest_to_float_and_writes_what_
     auto = qtool.rewrite_eval(model, calibration_data=x, calibration=CalibrationConfig(method="auto", percentile=99.0))
     summary = auto.to_dict()
     check, kept = summary["output_check"], summary["calibration"]["chosen"]
-    assert list(check["tried"]) == ["minmax", "percentile", "mse", "entropy"]
+    assert list(check["tried"]) == ["minmax", "percentile", "mse"]
     assert check["tried"]["minmax"] < WARN_DB and kept == "percentile" == check["method"]
     assert check["tried"][kept] == max(check["tried"].values()) > check["tried"]["minmax"] + 3
     assert check["tried_calibrated_on"] == 8  # each method judged on the first 16 samples, calibrated on the rest
@@ -80,9 +80,9 @@ def test_when_no_method_reaches_the_bar_the_warning_says_they_were_all_tried():
     assert f"the best of {len(tried)} calibration methods" in warning and "Try" not in warning
 
 
-def test_entropy_is_tried_only_with_the_bins_its_search_needs():
-    assert auto_methods(2048, 8) == ("minmax", "percentile", "mse", "entropy")
-    assert auto_methods(2048, 12) == ("minmax", "percentile", "mse")
+def test_auto_tries_no_entropy_and_works_at_any_bit_width():
+    """Not entropy (observers.AUTO_METHODS: it cost detectors their detections where the output check
+    improved); at 12 bits, where entropy would need 16384 histogram bins, auto works as at 8."""
     result = qtool.rewrite_eval(convnet(), calibration_data=loud_sample(), calibration=CalibrationConfig(method="auto"),
                                 quant=QuantConfig(activation_bits=12))
     assert list(result.to_dict()["output_check"]["tried"]) == ["minmax", "percentile", "mse"]
@@ -122,7 +122,7 @@ def test_with_no_sample_beyond_the_checked_ones_each_method_is_judged_on_its_own
     result = qtool.rewrite_eval(convnet(), calibration_data={"x": x_data(16, 4, 12, 12)},
                                 calibration=CalibrationConfig(method="auto"))
     check = result.to_dict()["output_check"]
-    assert check["tried_calibrated_on"] is None and len(check["tried"]) == 4
+    assert check["tried_calibrated_on"] is None and len(check["tried"]) == 3
     assert check["sqnr_db"][next(iter(check["sqnr_db"]))] == check["tried"][check["method"]]
     line = next(line for line in result.format_text().splitlines() if "calibration methods" in line)
     assert line.endswith("(the worst output's SQNR with each)")
