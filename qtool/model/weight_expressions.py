@@ -8,7 +8,8 @@ not a constant cannot be quantized, so the layer stayed in float ("W is not a co
 
 :func:`fold_weight_expressions` evaluates such an expression when every op in it only moves or
 converts data (:data:`FOLDABLE`: no arithmetic, so the folded tensor holds exactly the values
-onnxruntime computes) and every leaf is a constant, and gives the layer an initializer with the
+onnxruntime computes), or computes on shapes in integers (:data:`SHAPE_OPS`: the Shape of a constant, the
+product of its dims, as tf2onnx writes an Einsum's weight: g2p-id's BERT), and every leaf is a constant, and gives the layer an initializer with the
 result; the expression's nodes go when nothing else reads them. The chains
 :mod:`qtool.model.constants` already reads through (``Transpose``/``Reshape``/``Cast`` ... of one
 constant) are left as they are.
@@ -28,6 +29,9 @@ from qtool.model.names import NameScope
 # ops that only select, reorder, join or convert values
 FOLDABLE = ("Identity", "Reshape", "Transpose", "Cast", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Concat",
             "Split", "Gather", "Expand", "Tile")
+# integer arithmetic on shapes (tf2onnx writes an Einsum's weight as Reshape(w, Concat([-1],
+# ReduceProd(Gather(Shape(w), axes))))): exact, folded when their inputs are integers
+SHAPE_OPS = ("Shape", "Size", "ReduceProd")
 RECURRENT_WEIGHTS = {"LSTM": (1, 2, 3), "GRU": (1, 2, 3), "RNN": (1, 2, 3)}  # W, R, B
 _MAX_DEPTH = 32
 
@@ -54,6 +58,11 @@ def _evaluate(node: ir.Node, arrays: list[np.ndarray | None], opset: int) -> lis
     return ReferenceEvaluator(model).run(None, feeds)
 
 
+def _shape_arithmetic(node: ir.Node, inputs: list[np.ndarray | None]) -> bool:
+    """A :data:`SHAPE_OPS` node that computes exactly: Shape/Size of anything, ReduceProd of integers."""
+    return node.op_type != "ReduceProd" or all(a.dtype.kind in "iu" for a in inputs if a is not None)
+
+
 class _Folder:
     def __init__(self, opset: int):
         self.opset = opset
@@ -68,9 +77,10 @@ class _Folder:
         array = constant_array(value)
         producer = value.producer()
         if array is None and producer is not None and depth < _MAX_DEPTH and producer.domain == "" \
-                and producer.op_type in FOLDABLE and producer.graph is value.graph:
+                and producer.op_type in FOLDABLE + SHAPE_OPS and producer.graph is value.graph:
             inputs = [self.value(v, depth + 1) if v is not None else None for v in producer.inputs]
-            if all(a is not None for v, a in zip(producer.inputs, inputs) if v is not None):
+            if all(a is not None for v, a in zip(producer.inputs, inputs) if v is not None) \
+                    and (producer.op_type in FOLDABLE or _shape_arithmetic(producer, inputs)):
                 try:
                     outputs = _evaluate(producer, inputs, self.opset)
                 except Exception:  # noqa: BLE001 - an expression the reference cannot run stays as it is

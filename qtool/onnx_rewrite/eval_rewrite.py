@@ -30,7 +30,9 @@ from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
 from qtool.onnx_rewrite.kernel_forms import prelus_from_sums
 from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
+from qtool.onnx_rewrite.reshape_targets import constant_reshape_targets
 from qtool.onnx_rewrite.train_graph import TrainedState, is_training_graph, strip_training_graph
+from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
 
 
 @dataclass
@@ -77,10 +79,12 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
 
 def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
                   ) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Name nodes, fold a constant Mul/Add after a layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``)
+    """Name nodes, fold a constant Mul/Add after a layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``),
+    write a ConvTranspose as Conv + DepthToSpace (``transposed_convs``)
     and plan the quantizers of ``model`` (in place). ``trained``: the
     model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic
-    (the deployed weights and biases are then bit for bit those it trained with)."""
+    (the deployed weights and biases are then bit for bit those it trained with; its ConvTransposes stay:
+    their weights were trained in that form)."""
     graph = model.graph
     name_unnamed_nodes(graph)
     remove_identities(graph)  # paddle2onnx's, between every two ops
@@ -88,9 +92,12 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     names = NameScope(graph)
+    constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     folds.affine, folds.weight_expressions = affine, expressions
+    if not trained:
+        folds.transposed_convs = convtransposes_as_convs(graph, config, names, default_opset(model))
     split_hard_swish(graph, config, names)
     return names, folds, plan_quantization(graph, config)
 

@@ -85,6 +85,7 @@ class FoldReport:
     skipped: list[FoldSkip]
     affine: AffineReport | None = None  # the constant Mul/Add folded before (fold_affine), when it ran
     weight_expressions: list[dict] = field(default_factory=list)  # weights computed from constants, folded
+    transposed_convs: list[dict] = field(default_factory=list)  # ConvTransposes written as Conv + DepthToSpace
 
 
 def output_rank(layer: ir.Node, w: np.ndarray, view: GraphView) -> int | None:

@@ -370,14 +370,16 @@ def _affine_counts(folds) -> dict:
     affine = folds.affine if folds is not None else None
     return {"affine_folded": len(affine.folded) if affine else 0,
             "affine_not_folded": len(affine.skipped) if affine else 0,
-            "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0}
+            "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0,
+            "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0}
 
 
 def _affine_lists(folds) -> dict:
     affine = folds.affine if folds is not None else None
     return {"affine_folded": [f.to_dict() for f in affine.folded] if affine else [],
             "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else [],
-            "weight_expressions_folded": list(folds.weight_expressions) if folds is not None else []}
+            "weight_expressions_folded": list(folds.weight_expressions) if folds is not None else [],
+            "convtransposes_as_convs": list(folds.transposed_convs) if folds is not None else []}
 
 
 def _affine_lines(c: dict) -> list[str]:
@@ -387,6 +389,9 @@ def _affine_lines(c: dict) -> list[str]:
     if c.get("weight_expressions_folded"):
         lines.append(f"  weights folded         {c['weight_expressions_folded']}  (computed in the graph from constants "
                      "by Slice/Concat/...: now initializers)")
+    if c.get("convtransposes_as_convs"):
+        lines.append(f"  ConvTranspose as Conv  {c['convtransposes_as_convs']}  (+ DepthToSpace: onnxruntime has no "
+                     "integer ConvTranspose)")
     if folded or skipped:
         lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
                      "into its weight and bias)")
