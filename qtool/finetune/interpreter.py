@@ -1377,7 +1377,8 @@ class Interpreter:
             else:
                 why = "the JAX interpreter does not implement this op"
             dom = f"domain '{node.domain}'" if node.domain else "the default domain"
-            raise QtoolError(f"{self.label}: node '{node.name}' is a {node.op_type} ({dom}): {why}; "
+            article = "an" if node.op_type[:1] in "AEIOU" else "a"
+            raise QtoolError(f"{self.label}: node '{node.name}' is {article} {node.op_type} ({dom}): {why}; "
                              "qtool finetune cannot train this model")
 
     # --- evaluation ---------------------------------------------------------------------------------------------
