@@ -103,7 +103,8 @@ def measure(case, args, tmp: Path) -> dict:
         finally:
             row["seconds"][step] = time.perf_counter() - start
         if step == "finetune":
-            row["finetune"] = {k: getattr(result, k, None) for k in ("compile_seconds", "seconds_per_step")}
+            row["finetune"] = {k: getattr(result, k) for k in ("compile_seconds", "seconds_per_step", "metric_name",
+                                                                 "before", "after", "best_step")}
             row["notes"] += [f"finetune: {n}" for n in getattr(result, "notes", [])]
     for name, path in (("minmax", "minmax.onnx"), ("auto", "auto.onnx"), ("qat", "qat.qdq.onnx")):
         if (tmp / path).exists():
@@ -136,7 +137,10 @@ def main() -> None:
         if f.get("compile_seconds") is not None:
             times[3] += f" ({f['compile_seconds']:.0f}, {f['seconds_per_step']:.1f})"
         times = " / ".join(times)
-        print(f"| {row['model']} | {a.get('minmax', '-')} | {a.get('auto', '-')} | {a.get('qat', '-')} | "
+        qat = a.get("qat", "-")
+        if f:  # finetune's validation metric (on the calibration inputs): before, after, the step kept
+            qat += f" (validation {f['metric_name']} {f['before']:.1f} -> {f['after']:.1f}, step {f['best_step']} kept)"
+        print(f"| {row['model']} | {a.get('minmax', '-')} | {a.get('auto', '-')} | {qat} | "
               f"{row['steps']} ({row['batch']}) | {times} |", flush=True)
         for note in row["notes"]:
             print(f"|   | {note} |||||", flush=True)
