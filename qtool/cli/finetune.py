@@ -20,7 +20,8 @@ from qtool.finetune.config import FinetuneConfig
 @output_option
 @click.option("--steps", type=click.IntRange(1), default=300, show_default=True,
               help="Length of the schedule (with --resume: the step to reach).")
-@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True, help="Samples per step.")
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True,
+              help="Samples per step (1: validation runs one sample at a time too).")
 @click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=1e-4, show_default=True,
               help="Adam's peak learning rate.")
 @click.option("--schedule", type=click.Choice(("cosine", "constant")), default="cosine", show_default=True,

@@ -115,6 +115,16 @@ def _as_proto(model) -> onnx.ModelProto:
     raise TypeError(f"expected an onnx.ModelProto or onnx_ir.Model, got {type(model).__name__}")
 
 
+def _initializers(model, graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The initializers' arrays. An onnx-ir model's are read through onnx-ir, which knows the folder its
+    external data is in; the proto serialized from it names the data file relative to no folder (the
+    current directory would be searched)."""
+    if isinstance(model, onnx.ModelProto):
+        return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    values = model.graph.initializers
+    return {t.name: values[t.name].const_value.numpy() for t in graph.initializer}
+
+
 # --- op registry ------------------------------------------------------------------------------------
 OpFn = Callable[["Context", Node, list], list]
 OPS: dict[tuple[str, str], OpFn] = {}
@@ -1337,7 +1347,7 @@ class Interpreter:
         graph = proto.graph
         self.label = label
         self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
-        self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        self.initializers: dict[str, np.ndarray] = _initializers(model, graph)
         for t in graph.sparse_initializer:
             raise QtoolError(f"{label}: sparse initializer '{t.values.name}' is not supported")
         self.input_names = [i.name for i in graph.input]
@@ -1367,7 +1377,8 @@ class Interpreter:
             else:
                 why = "the JAX interpreter does not implement this op"
             dom = f"domain '{node.domain}'" if node.domain else "the default domain"
-            raise QtoolError(f"{self.label}: node '{node.name}' is a {node.op_type} ({dom}): {why}; "
+            article = "an" if node.op_type[:1] in "AEIOU" else "a"
+            raise QtoolError(f"{self.label}: node '{node.name}' is {article} {node.op_type} ({dom}): {why}; "
                              "qtool finetune cannot train this model")
 
     # --- evaluation ---------------------------------------------------------------------------------------------

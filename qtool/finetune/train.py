@@ -225,8 +225,9 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     train, val, val_where = _open_data(data, config, graph)
     start_step = _start_step(graph, config, notes)
     run = _build_run(graph, config, start_step)
-    validator = _build_validator(run, val)
-    trained = _train(run, train, validator, progress, notes)
+    batch_size = _batch_size(config, train, notes)
+    validator = _build_validator(run, val, batch_size)
+    trained = _train(run, train, batch_size, validator, progress, notes)
     if output is not None:
         _save_tuned(graph.ir_model, output, config, trained, validator.metric_name, graph.roles.range_update)
 
@@ -493,7 +494,10 @@ class _Validator:
         return correct / self.val.num
 
 
-def _build_validator(run: _Run, val: _Data) -> _Validator:
+def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
+    """The validator, validating in batches of the model's fixed batch size, or of one sample when training
+    takes one at a time (a model that declares a free batch axis but runs one sample: khmersm), else of up to
+    256 samples."""
     forward, data_outputs, roles = run.forward, run.roles.data_outputs, run.roles
     eval_step_value = max(run.start_step, roles.quant_delay, roles.freeze_bn_delay or 0, _TEACHER_STEP)
 
@@ -508,9 +512,28 @@ def _build_validator(run: _Run, val: _Data) -> _Validator:
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
     metric_name = "accuracy" if val.labels is not None else "sqnr_db"
-    validator = _Validator(val, metric_name, val.fixed_batch or min(val.num, 256), eval_jit, [])
-    validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
+    eval_batch = val.fixed_batch or (1 if batch_size == 1 else min(val.num, 256))
+    validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
+    try:
+        validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
+    except QtoolError as exc:
+        raise _one_sample_error(lambda b: teacher_jit(run.teacher_feed, b), val, eval_batch) or exc
     return validator
+
+
+def _one_sample_error(forward: Callable, val: _Data, size: int) -> QtoolError | None:
+    """The error to give when the model failed on a batch of ``size`` but runs on one sample: its inputs
+    declare a free batch axis, its graph was exported for one sample (a Reshape to a batch of 1 in khmersm's
+    transformer). None when one sample fails too (the batch size is not the cause)."""
+    if min(size, val.num) <= 1:
+        return None
+    try:
+        forward(val.feed(slice(0, 1)))
+    except QtoolError:
+        return None
+    return QtoolError(f"the model runs on one sample but fails on a batch of {min(size, val.num)} (its inputs "
+                      "declare a free batch size, its graph does not take one): fine-tune with --batch-size 1 "
+                      "(validation then runs one sample at a time too)")
 
 
 # --- the training loop -----------------------------------------------------------------------------------------
@@ -566,7 +589,7 @@ def _batch_size(config: FinetuneConfig, train: _Data, notes: list[str]) -> int:
     return batch_size
 
 
-def _train(run: _Run, train: _Data, validator: _Validator,
+def _train(run: _Run, train: _Data, batch_size: int, validator: _Validator,
            progress: Callable[[FinetuneProgress], None] | None, notes: list[str]) -> _Trained:
     """The steps from ``start_step`` to ``steps``: validation every ``validate_every`` steps (about ten times
     by default; the best values are kept) and progress about fifty times."""
@@ -574,7 +597,7 @@ def _train(run: _Run, train: _Data, validator: _Validator,
     params, state, opt_state = dict(run.params0), dict(run.state0), run.opt_state
     before = validator.metric(params, state)
     out = _Trained(before, validator.float_metric(), (before, start_step, _host(params), _host(state)))
-    batches = _Batches(train, _batch_size(config, train, notes), np.random.default_rng([config.seed, start_step]))
+    batches = _Batches(train, batch_size, np.random.default_rng([config.seed, start_step]))
     every = config.validate_every or max(1, steps_run // 10)
     report_every = max(1, steps_run // 50)
     t_loop = time.perf_counter()
