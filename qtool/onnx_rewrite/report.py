@@ -488,6 +488,11 @@ class TrainResult:
             notes.append("calibration data: ignored array(s) not named like a model input: "
                          + ", ".join(self.ignored_arrays))
         p = self.prepared
+        inside = [x for x in p.plan.left_in_float if x.reason.endswith(IN_SUBGRAPH)]
+        if inside:  # silero-vad: its work inside If branches
+            warnings.append(f"{len(inside)} layer op(s) inside If/Loop/Scan bodies stay float in the training graph, "
+                            "and qtool finetune cannot train a graph with control flow; rewrite-eval --data "
+                            "quantizes If branches post-training")
         opset_out = self.model.opset_imports.get("", p.opset_in)
         if p.opset_in != opset_out:
             notes.append(f"opset raised from {p.opset_in} to {opset_out} (the qtool::FakeQuant function body needs 13)")

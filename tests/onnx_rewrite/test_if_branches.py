@@ -318,3 +318,21 @@ def test_a_state_output_behind_identities_is_placed_as_without_them():
             out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[1:]
     for with_identities, without in zip(written[True], written[False]):
         np.testing.assert_array_equal(with_identities, without)
+
+
+def test_rewrite_train_warns_that_layers_in_branches_stay_float_and_cannot_be_fine_tuned():
+    """silero's training graph would leave every layer float, and finetune refuses its If: said up front."""
+    result = qtool.rewrite_train(silero_like(), calibration_data=data())
+    warning, = [w for w in result.warnings if "inside If/Loop/Scan bodies" in w]
+    assert warning.startswith("4 layer op(s)") and "qtool finetune cannot train" in warning
+    assert "rewrite-eval --data quantizes If branches" in warning
+    assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
+
+
+def proto_without_if() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1])], "plain", [x], [y],
+                              [numpy_helper.from_array(_weights(8, 4, 3), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
