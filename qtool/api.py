@@ -190,26 +190,26 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         if stage is not None:
             stage(f"writing the model with each of {len(candidates)} calibration methods", done, len(candidates))
 
+    def written(method: str, found: dict, ready=None):
+        """``(prepared, ranges, encoding, branches, check)``: the model written with ``found``."""
+        ready = ready or prepare_eval(source.clone(), quant, label)
+        encoding, branches = _encode(ready, found, data, dataclasses.replace(calibration, method=method),
+                                     progress=progress)
+        return ready, found, encoding, branches, reference.check(ready.model, method) if reference else None
+
     report(0)
     for i, (method, found) in enumerate(candidates.items()):
-        prepared = prepared or prepare_eval(source.clone(), quant, label)
-        encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=method),
-                                     progress=progress)
-        check = reference.check(prepared.model, method) if reference is not None else None
+        result, prepared = written(method, found, prepared), None
+        check = result[4]
         worst = check.worst() if check is not None and check.error is None else None
         tried[method] = worst[1] if worst is not None else (float("-inf") if check is not None else None)
         if kept is None or (tried[method] is not None and tried[method] > tried[kept] + AUTO_MARGIN_DB):
-            kept, best = method, (prepared, found, encoding, branches, check)
+            kept, best = method, None if held else result  # (held out: written again below, not kept)
         if tried[method] is None:  # nothing to choose by
             break
-        prepared = None
         report(i + 1)
     if held:  # the method kept, calibrated on every batch
-        found = observed.candidates()[kept]
-        prepared = prepare_eval(source.clone(), quant, label)
-        encoding, branches = _encode(prepared, found, data, dataclasses.replace(calibration, method=kept),
-                                     progress=progress)
-        best = (prepared, found, encoding, branches, reference.check(prepared.model, kept))
+        best = written(kept, observed.candidates()[kept])
     prepared, found, encoding, branches, check = best
     if observed is not None:
         observed.chosen, observed.ranges = kept, found

@@ -224,14 +224,18 @@ class PercentileObserver(HistogramObserver):
 
     def __init__(self, percentile: float = 99.999, num_bins: int = 2048, num_bits: int = 8,
                  symmetric: bool = False) -> None:
-        p = float(percentile)
-        if not (0.0 < p <= 100.0):
-            raise QtoolError(f"--percentile must be in (0, 100], got {percentile}")
+        self.percentile = _percentile(percentile)  # checked first, as before the histogram's options
         super().__init__(num_bins, num_bits, symmetric)
-        self.percentile = p
 
     def _range(self):
         return self.histogram.percentile_range(self.percentile)
+
+
+def _percentile(percentile) -> float:
+    p = float(percentile)
+    if not (0.0 < p <= 100.0):
+        raise QtoolError(f"--percentile must be in (0, 100], got {percentile}")
+    return p
 
 
 class EntropyObserver(HistogramObserver):
@@ -283,8 +287,8 @@ class CandidatesObserver(HistogramObserver):
 
     def __init__(self, percentile: float = 99.999, num_bins: int = 2048, num_bits: int = 8,
                  symmetric: bool = False, held_out: int = 0) -> None:
+        self.percentile = _percentile(percentile)
         super().__init__(num_bins, num_bits, symmetric)
-        self.percentile = PercentileObserver(percentile, num_bins, num_bits, symmetric).percentile  # checked there
         self.held_out = int(held_out)
         self.held = Histogram(int(num_bins))
 
