@@ -202,7 +202,9 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         result, prepared = written(method, found, prepared), None
         check = result[4]
         worst = check.worst() if check is not None and check.error is None else None
-        tried[method] = worst[1] if worst is not None else (float("-inf") if check is not None else None)
+        # the written model does not run: infinitely far; no float output with a signal: nothing to choose by
+        tried[method] = worst[1] if worst is not None else (float("-inf") if check is not None and check.error
+                                                             else None)
         if kept is None or (tried[method] is not None and tried[method] > tried[kept] + AUTO_MARGIN_DB):
             kept, best = method, None if held else result  # (held out: written again below, not kept)
         if tried[method] is None:  # nothing to choose by

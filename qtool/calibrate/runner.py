@@ -151,6 +151,10 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
                 progress(done, total)
         del session
     ranges = {name: obs.range() for name, obs in observers.items()}
+    if ranges and all(r is None for r in ranges.values()):  # every range would be the default: a useless model
+        source = f" of '{data.source}'" if data.source else ""
+        raise QtoolError(f"calibration found no finite value in any of the {len(ranges)} tensor(s) it observed over "
+                         f"the {total} sample(s){source}: is the data NaN, or not what the model is fed?")
     return CalibrationResult(
         ranges, observers, method, total, batches, time.perf_counter() - start, list(data.ignored), options
     )

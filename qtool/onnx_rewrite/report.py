@@ -349,7 +349,9 @@ def _check_lines(check: dict | None) -> list[str]:
     """The int8 model's outputs against the float model's (qtool.simulate.output_check)."""
     scored = {name: db for name, db in (check or {}).get("sqnr_db", {}).items()}
     if not scored:
-        return []
+        silent = (check or {}).get("no_signal")
+        return [f"  output vs float        no signal: {', '.join(repr(n) for n in silent)} zero or not finite on "
+                f"{check['samples']} calibration sample(s)"] if silent else []
     def text(db):
         # rounded down: SQNR 9.96 dB warned about as below 10 dB must not read "10.0 dB" here
         return "exact" if db is None else f"{db} dB" if db == "-inf" else f"{math.floor(db * 10) / 10:.1f} dB"

@@ -61,8 +61,15 @@ class OutputCheck:
         scored = [(name, db) for name, db in self.sqnr_db.items() if db is not None]
         return min(scored, key=lambda item: item[1]) if scored else None
 
+    def no_signal(self) -> list[str]:
+        """The float outputs with nothing to compare: zero or not finite on every checked sample."""
+        return [name for name, db in self.sqnr_db.items() if db is None]
+
     def to_dict(self) -> dict:
-        return {"samples": self.samples, "sqnr_db": {name: _number(db) for name, db in self.sqnr_db.items()},
+        silent = self.no_signal()
+        return {"samples": self.samples,
+                "sqnr_db": {name: _number(db) for name, db in self.sqnr_db.items() if db is not None},
+                **({"no_signal": silent} if silent else {}),
                 **({"method": self.method, "tried": {m: _number(db) for m, db in self.tried.items()},
                     "tried_calibrated_on": self.tried_calibrated_on} if self.tried else {}),
                 **({"error": self.error} if self.error else {})}
@@ -71,8 +78,12 @@ class OutputCheck:
         if self.error:
             return [self.error]
         worst = self.worst()
-        if worst is None and self.tried:
-            return ["--calibration-method auto had no float output with a signal to choose by: min/max ranges"]
+        if worst is None and self.sqnr_db:  # NaN calibration data, or a model whose outputs are all zero
+            names = ", ".join(f"'{name}'" for name in self.no_signal())
+            return [f"the float model's output(s) {names} are zero or not finite on the first {self.samples} "
+                    "calibration sample(s): nothing to check the int8 model against (is the calibration data "
+                    "what the model is fed?)" + ("; --calibration-method auto kept min/max ranges" if self.tried
+                                                 else "")]
         if worst is None or worst[1] >= WARN_DB:
             return []
         name, db = worst
@@ -93,7 +104,7 @@ def tenths(db: float) -> str:
 
 
 def _number(db):
-    """An SQNR in the JSON: hundredths rounded down (None: exact or no signal; "-inf")."""
+    """An SQNR in the JSON: hundredths rounded down (None: exact; "-inf")."""
     return None if db is None or db == float("inf") else (math.floor(db * 100) / 100 if np.isfinite(db) else "-inf")
 
 

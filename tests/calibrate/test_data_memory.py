@@ -210,13 +210,17 @@ def test_huge_values_are_reported_as_such(tmp_path, model_path):
 
 
 def test_tensors_without_any_finite_value_say_which_values_they_saw(tmp_path, model_path):
-    data = feeds(20)
+    model, data = two_input_model(), feeds(20)
     data["x"][:] = np.inf  # x @ w mixes +inf and -inf: NaN downstream
-    summary = calibrate_to_file(model_path, data, tmp_path / "r.json", calibration=CalibrationConfig(batch_size=8)).to_dict()
-    assert "tensor 'x': all 80 values are +inf: no range (rewrite-eval gives it the default range)" \
-        in summary["warnings"]
-    assert any(w.startswith("tensor 'r': all 40 values are ") and "no range" in w for w in summary["warnings"])
-    assert json.loads((tmp_path / "r.json").read_text())["tensors"]["x"] is None
+    loaded = load_calibration_data(data, input_specs(model))
+    result = collect_ranges(model, ["x", "mm", "s"], loaded, CalibrationConfig(batch_size=8))
+    assert "tensor 'x': all 80 values are +inf: no range (rewrite-eval gives it the default range)" in result.warnings()
+    assert any(w.startswith("tensor 'mm': all 40 values are ") and "no range" in w for w in result.warnings())
+    assert result.ranges["x"] is None and result.ranges["s"] is not None
+    # no tensor with a finite value: every range would be the default, and nothing is written
+    with pytest.raises(QtoolError, match=r"no finite value in any of the 2 tensor\(s\) it observed over the 20 "):
+        calibrate_to_file(model_path, data, tmp_path / "r.json", calibration=CalibrationConfig(batch_size=8))
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_rewrites_give_the_same_warnings_about_the_data():

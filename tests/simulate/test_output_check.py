@@ -107,3 +107,53 @@ def test_the_warning_and_the_summary_give_the_same_digits_below_the_bar():
         if db < WARN_DB:
             warning, = check.warnings()
             assert f"SQNR {shown} dB (below 10 dB)" in warning
+
+
+def test_calibration_data_with_no_finite_value_is_refused_in_one_line(tmp_path):
+    """All-NaN calibration data gave every tensor the default range and a summary that read "SQNR exact" (a
+    NaN float output has no signal): a useless model, written. It is an error now, from rewrite-eval and
+    calibrate alike, and nothing is written."""
+    from click.testing import CliRunner
+
+    from qtool.cli import main
+    from qtool.errors import QtoolError
+
+    nan = np.full((4, 4, 12, 12), np.nan, np.float32)
+    with pytest.raises(QtoolError, match=r"calibration found no finite value in any of the \d+ tensor\(s\) it "
+                                         r"observed over the 4 sample\(s\): is the data NaN"):
+        qtool.rewrite_eval(convnet(), calibration_data={"x": nan})
+    np.savez(tmp_path / "nan.npz", x=nan)
+    onnx_path = tmp_path / "m.onnx"
+    onnx_path.write_bytes(convnet().SerializeToString())
+    for args in (["rewrite-eval", str(onnx_path), "-o", str(tmp_path / "q.onnx")],
+                 ["calibrate", str(onnx_path), "-o", str(tmp_path / "r.json")]):
+        run = CliRunner().invoke(main, [*args, "--data", str(tmp_path / "nan.npz")])
+        assert run.exit_code == 2 and "Traceback" not in run.output
+        assert "nan.npz': is the data NaN, or not what the model is fed?" in run.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "nan.npz"]
+
+
+def test_an_output_with_no_signal_is_not_called_exact():
+    """A float output that is zero (or not finite) on the checked samples has nothing to compare: the JSON
+    lists it apart (``null`` in ``sqnr_db`` means equal), the summary says so, and when no output has a
+    signal a warning says the check could not be made."""
+    from qtool.onnx_rewrite.report import _check_lines
+    from qtool.simulate.output_check import OutputCheck
+
+    both = OutputCheck(16, {"logits": 31.25, "mask": None, "same": float("inf")})
+    assert both.to_dict()["sqnr_db"] == {"logits": 31.25, "same": None} and both.to_dict()["no_signal"] == ["mask"]
+    assert both.warnings() == [] and "SQNR 31.2 dB" in _check_lines(both.to_dict())[0]
+    silent = OutputCheck(16, {"mask": None})
+    assert _check_lines(silent.to_dict()) == [
+        "  output vs float        no signal: 'mask' zero or not finite on 16 calibration sample(s)"]
+    warning, = silent.warnings()
+    assert warning.startswith("the float model's output(s) 'mask' are zero or not finite on the first 16 "
+                              "calibration sample(s): nothing to check the int8 model against")
+
+    b = Builder(opset=13, constants=True, named=False)
+    y = b.node("Relu", [b.conv(b.input("x", ["N", 4, 12, 12]), 4, 8)])
+    zero = b.node("Mul", [b.conv(y, 8, 4), b.const(np.zeros((), np.float32))])
+    result = qtool.rewrite_eval(b.proto([zero]), calibration_data={"x": x_data(16, 4, 12, 12)})
+    check = result.to_dict()["output_check"]
+    assert check["sqnr_db"] == {} and len(check["no_signal"]) == 1
+    assert any("nothing to check the int8 model against" in w for w in result.warnings)
