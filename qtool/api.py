@@ -47,7 +47,9 @@ from qtool.onnx_rewrite.branches import (
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_branch, prepare_eval
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
+from qtool.simulate import latency
 from qtool.simulate.config import SimulateConfig
+from qtool.simulate.latency import timed_warnings
 from qtool.simulate.output_check import reference as output_reference
 from qtool.simulate.core import run_simulation
 from qtool.simulate.result import SimulateResult
@@ -91,7 +93,8 @@ def _save(opened: OpenedModel) -> Files:
 
 def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
                  calibration: CalibrationConfig = CalibrationConfig(), calibration_data=None, ranges=None,
-                 in_place: bool = False, progress: Progress | None = None) -> RewriteResult:
+                 in_place: bool = False, progress: Progress | None = None,
+                 latency_rounds: int | None = None) -> RewriteResult:
     """Fold batch norms, insert QuantizeLinear/DequantizeLinear, write a deployable int8 model.
 
     ``model``: path to an ONNX file (or an ``onnx.ModelProto`` / ``onnx_ir.Model``,
@@ -104,12 +107,18 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     With neither, a training graph's trained ranges, else TF's defaults (the
     summary warns). ``progress(done, total)`` is called after each calibration batch; a ``progress``
     with a ``stage(name, done, total)`` method also hears ``--calibration-method auto``'s rewrites.
+    ``latency_rounds``: also time the float model and the written one in onnxruntime on the first
+    calibration sample (:mod:`qtool.simulate.latency`: one thread, interleaved, median of the rounds).
     """
     clock = _Clock()
     if ranges is not None and calibration_data is not None:
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
+    if latency_rounds and calibration_data is None:
+        raise QtoolError("--latency times the models on the first sample of --data: give --data")
     opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
     _check_float(opened)
+    # the model as given, before the rewrite changes it
+    float_timing = latency.one_thread_session(opened.model, what="the float model") if latency_rounds else None
     clock.lap("load")
     given = cal.read_ranges(ranges) if ranges is not None else None
     auto = calibration.method == AUTO and calibration_data is not None
@@ -148,8 +157,24 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened.model = prepared.model
     files = _save(opened)
     clock.lap("save")
+    timed = None
+    if float_timing is not None and (check is None or check.error is None):
+        timed = _time_written(float_timing, prepared.model, data, calibration.batch_size, latency_rounds)
+        warnings += timed_warnings(timed)
+        clock.lap("latency")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
-                         clock.laps, branches, check)
+                         clock.laps, branches, check, timed)
+
+
+def _time_written(float_session, written, data: CalibrationData, batch_size: int, rounds: int):
+    """The float model's and the written model's one-thread latency on the data's first sample."""
+    batches = data.batches(batch_size)
+    try:
+        feed = data.first_sample(next(batches))
+    finally:
+        batches.close()
+    return latency.timed(float_session, {"quantized": latency.one_thread_session(written, what="the written model")},
+                         feed, rounds)
 
 
 AUTO_MARGIN_DB = 0.5

@@ -266,6 +266,11 @@ def calibration_config(params: dict):
                              params.pop("percentile"), params.pop("num_bins"), params.pop("ema_decay"))
 
 
+latency_option = click.option(
+    "--latency", "latency_rounds", type=click.IntRange(1), default=None, metavar="ROUNDS", is_flag=False,
+    flag_value=100, help="Also time the float and quantized models in onnxruntime (one thread, batch 1, "
+                         "interleaved, median thread CPU time of ROUNDS runs, 100 when no number is given): what "
+                         "int8 buys.")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Also the notes (the same advice every run).")
 
 

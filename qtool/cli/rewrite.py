@@ -17,6 +17,7 @@ from qtool.cli._common import (
     given,
     in_place_option,
     json_option,
+    latency_option,
     output_option,
     quant_config,
     quantization_options,
@@ -114,6 +115,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @calibration_options(auto=True)
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,
               help="Activation ranges from 'qtool calibrate' (or an onnxruntime calibration cache) instead of --data.")
+@latency_option
 @in_place_option
 @json_option
 @verbose_option
@@ -130,5 +132,6 @@ def rewrite_eval_cmd(ctx, model, **params):
     quant, calibration = quant_config(params), calibration_config(params)
     result = _run("rewrite-eval", lambda progress: api.rewrite_eval(
         model, params["output"], quant=quant, calibration=calibration, calibration_data=params["data"],
-        ranges=params["ranges_file"], in_place=params["in_place"], progress=progress))
+        ranges=params["ranges_file"], in_place=params["in_place"], progress=progress,
+        latency_rounds=params["latency_rounds"]))
     print_result(result, params["json_out"], params["verbose"])

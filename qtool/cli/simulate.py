@@ -11,7 +11,7 @@ from qtool.errors import QtoolError
 from qtool.simulate.config import SimulateConfig
 from qtool.simulate.report import json_safe
 
-from qtool.cli._common import batch_size_option, calibration_data_option, json_option, scope_option
+from qtool.cli._common import batch_size_option, calibration_data_option, json_option, latency_option, scope_option
 from qtool.cli._progress import StageProgress
 
 
@@ -29,9 +29,7 @@ from qtool.cli._progress import StageProgress
               help="Axis of the compared output that holds the classes, for a top-1 per position (frame, pixel, "
                    "token): a tagger's [N, T, C] output takes -1, a segmenter's [N, C, H, W] 1. --labels then hold "
                    "one class id per position.  [default: one top-1 per sample]")
-@click.option("--latency", "latency_rounds", type=int, default=None, metavar="ROUNDS", is_flag=False, flag_value=100,
-              help="Also time the float and quantized models in onnxruntime (one thread, batch 1, interleaved, "
-                   "median thread CPU time of ROUNDS runs, 100 when no number is given): what int8 buys.")
+@latency_option
 @click.option("--quantized", multiple=True, type=click.Path(dir_okay=False),
               help="Quantized model to compare (repeatable). Without it: a what-if table quantized in memory.")
 @click.option("--weight-bits", default=None, metavar="LIST",

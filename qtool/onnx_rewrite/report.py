@@ -85,6 +85,7 @@ class RewriteResult:
     timings: dict[str, float] = field(default_factory=dict)
     branches: list[BranchResult] = field(default_factory=list)  # the If branches that hold layer ops
     output_check: object | None = None  # qtool.simulate.output_check.OutputCheck: int8 vs float outputs
+    latency: object | None = None  # qtool.simulate.latency.Latency: float and int8 timed (``latency_rounds``)
 
     @property
     def config(self) -> QuantConfig:
@@ -187,6 +188,7 @@ class RewriteResult:
             "timings": dict(self.timings),
             **({"if_branches": [b.to_dict() for b in self.branches]} if self.branches else {}),
             **({"output_check": self.output_check.to_dict()} if self.output_check is not None else {}),
+            **({"latency": self.latency.to_dict()} if self.latency is not None else {}),
         }
 
     def format_text(self) -> str:
@@ -342,7 +344,15 @@ def format_summary(s: dict) -> str:
         lines.append(f"  ops in float           {wrapped[0]}")
         lines.extend(f"{'':25}{more}" for more in wrapped[1:])
     lines.extend(_check_lines(s.get("output_check")))
+    lines.extend(_latency_lines(s.get("latency")))
     return "\n".join(lines + _tail_lines(s))
+
+
+def _latency_lines(timed: dict | None) -> list[str]:
+    """The float and the written model timed in onnxruntime (qtool.simulate.latency)."""
+    return [f"  latency                {m['x_float']:.2f}x float ({m['ms']:.3g} ms against {timed['float_ms']:.3g} ms; "
+            f"one thread, batch 1, median of {timed['rounds']} rounds)" for m in (timed or {}).get("models", [])
+            if m["x_float"] is not None]
 
 
 def _check_lines(check: dict | None) -> list[str]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import onnx_ir as ir
 
 from qtool.model.session import file_session, session_options, tapped_session
 from qtool.simulate.session import Runner
@@ -36,14 +37,22 @@ class Latency:
                            for name, ms in self.models.items()]}
 
 
-def _one_thread(runner: Runner):
+def timed_warnings(timed: Latency) -> list[str]:
+    """A quantized model that onnxruntime runs no faster than the float one: not what anyone quantizes for."""
+    return [f"onnxruntime runs the {name} model no faster than the float one on this machine ({ms / timed.float_ms:.2f}x "
+            f"float's time: {ms:.3g} ms against {timed.float_ms:.3g} ms, one thread, batch 1): int8 pays where "
+            "convolutions and matrix products dominate; see docs/deploy.md for what limits it"
+            for name, ms in timed.models.items() if timed.float_ms and ms >= timed.float_ms]
+
+
+def one_thread_session(model: ir.Model | None = None, path: str | None = None, what: str = "the model"):
+    """A session of ``model`` (or of the file ``path``, as a user opens it) that runs on one thread."""
     options = session_options()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    what = f"the model '{runner.label}' (timing)"
-    if runner.path:
-        return file_session(runner.path, options=options, what=what)
-    return tapped_session(runner.model, [], options=options, what=what)
+    what = f"{what} (timing)"
+    return file_session(path, options=options, what=what) if path else \
+        tapped_session(model, [], options=options, what=what)
 
 
 def interleaved_medians(runs: Mapping[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, float]:
@@ -61,8 +70,15 @@ def interleaved_medians(runs: Mapping[str, Callable[[], object]], rounds: int, w
 
 def measure(float_runner: Runner, runners: list[Runner], feed: dict[str, np.ndarray], rounds: int) -> Latency:
     """Median one-thread milliseconds of every model on ``feed`` (one sample), interleaved."""
-    sessions = [_one_thread(r) for r in [float_runner] + runners]
+    sessions = [one_thread_session(r.model, r.path, r.what) for r in [float_runner] + runners]
+    return timed(sessions[0], dict(zip([r.label for r in runners], sessions[1:])), feed, rounds)
+
+
+def timed(float_session, sessions: dict, feed: dict[str, np.ndarray], rounds: int) -> Latency:
+    """Median milliseconds of one run of the float session and of each of ``sessions`` (by label) on ``feed``
+    (one sample), interleaved (:func:`interleaved_medians`); each computes its first output."""
     feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
-    runs = {str(i): functools.partial(s.run, feed, s.outputs[:1], "the timed run") for i, s in enumerate(sessions)}
+    everyone = [float_session, *sessions.values()]
+    runs = {str(i): functools.partial(s.run, feed, s.outputs[:1], "the timed run") for i, s in enumerate(everyone)}
     ms = [seconds * 1e3 for seconds in interleaved_medians(runs, rounds, WARMUP).values()]
-    return Latency(rounds, ms[0], {r.label: m for r, m in zip(runners, ms[1:])})
+    return Latency(rounds, ms[0], dict(zip(sessions, ms[1:])))

@@ -67,3 +67,39 @@ def test_the_html_report_has_the_latency_table(quantized, tmp_path):
     page = path.read_text()
     ratio = res.to_dict()["latency"]["models"][0]["x_float"]
     assert "Latency in onnxruntime: one thread, batch 1, median of 3" in page and f"{ratio:.2f}x" in page
+
+
+def test_rewrite_eval_latency_times_the_model_it_wrote_against_the_float_one(tmp_path):
+    """``rewrite-eval --latency``: the written model and the float one timed on the first calibration sample
+    (the JSON's ``latency``, a summary line); without the option nothing is timed."""
+    out = tmp_path / "q.onnx"
+    run = CliRunner().invoke(main, ["rewrite-eval", str(SAMPLES / "digits_cnn.onnx"), "-o", str(out),
+                                    "--data", str(SAMPLES / "calib.npz"), "--latency", "4", "--json"])
+    assert run.exit_code == 0, run.output
+    lat = json.loads(run.stdout)["latency"]
+    (model,) = lat["models"]
+    assert lat["rounds"] == 4 and lat["float_ms"] > 0 and model["name"] == "quantized" and model["ms"] > 0
+    result = qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"),
+                                latency_rounds=3)
+    ratio = result.latency.models["quantized"] / result.latency.float_ms
+    assert f"  latency                {ratio:.2f}x float (" in result.format_text()
+    assert "one thread, batch 1, median of 3 rounds)" in result.format_text()
+    plain = qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"))
+    assert "latency" not in plain.to_dict() and "latency " not in plain.format_text()
+
+
+def test_a_quantized_model_no_faster_than_float_is_a_warning():
+    from qtool.simulate.latency import Latency, timed_warnings
+
+    assert timed_warnings(Latency(100, 0.5, {"quantized": 0.3})) == []
+    (warning,) = timed_warnings(Latency(100, 0.5, {"quantized": 0.52}))
+    assert warning.startswith("onnxruntime runs the quantized model no faster than the float one on this machine "
+                              "(1.04x float's time: 0.52 ms against 0.5 ms, one thread, batch 1)")
+
+
+def test_rewrite_eval_latency_needs_data(tmp_path):
+    with pytest.raises(QtoolError, match="--latency times the models on the first sample of --data: give --data"):
+        qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), latency_rounds=5)
+    run = CliRunner().invoke(main, ["rewrite-eval", str(SAMPLES / "digits_cnn.onnx"), "-o", str(tmp_path / "q.onnx"),
+                                    "--latency"])
+    assert run.exit_code == 2 and "give --data" in run.output and not (tmp_path / "q.onnx").exists()
