@@ -84,6 +84,8 @@ class OutputCheck:
                     "calibration sample(s): nothing to check the int8 model against (is the calibration data "
                     "what the model is fed?)" + ("; --calibration-method auto kept min/max ranges" if self.tried
                                                  else "")]
+        if worst is None and self.tried:  # no float output at all (an argmax's integer ids)
+            return ["--calibration-method auto had no float output to choose by: min/max ranges"]
         if worst is None or worst[1] >= WARN_DB:
             return []
         name, db = worst

@@ -126,3 +126,18 @@ def test_with_no_sample_beyond_the_checked_ones_each_method_is_judged_on_its_own
     assert check["sqnr_db"][next(iter(check["sqnr_db"]))] == check["tried"][check["method"]]
     line = next(line for line in result.format_text().splitlines() if "calibration methods" in line)
     assert line.endswith("(the worst output's SQNR with each)")
+
+
+def test_auto_without_a_float_output_keeps_min_max_and_says_so():
+    """A model whose only output is an ArgMax's class ids: auto has nothing to choose by."""
+    from model_builders import Builder
+    from onnx import TensorProto
+
+    b = Builder(opset=13, constants=True, named=False)
+    y = b.node("Relu", [b.conv(b.input("x", ["N", 4, 12, 12]), 4, 8)])
+    ids = b.node("ArgMax", [b.node("Flatten", [b.conv(y, 8, 4)])], axis=1)
+    b.output(ids, TensorProto.INT64)
+    result = qtool.rewrite_eval(b.proto([]), calibration_data={"x": x_data(40, 4, 12, 12)},
+                                calibration=CalibrationConfig(method="auto"))
+    assert result.to_dict()["calibration"]["chosen"] == "minmax"
+    assert "--calibration-method auto had no float output to choose by: min/max ranges" in result.warnings
