@@ -1,0 +1,343 @@
+"""More standard ONNX ops for the JAX interpreter (:mod:`qtool.finetune.interpreter`).
+
+Registered with the interpreter's ``op`` decorator when it is imported (the interpreter imports this
+module once, at its end): activations (Mish, Celu, Softsign, ThresholdedRelu, Shrink, Swish), inverse and
+hyperbolic trigonometry, IsInf, Hardmax, normalizations (GroupNormalization, RMSNormalization, LRN,
+LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool, data movement
+(DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd, EyeLike,
+ReverseSequence) and GridSample. Shapes, axes and depths must be constants, as for the other ops.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from qtool.errors import QtoolError
+from qtool.finetune.interpreter import (
+    OPS, _axes_of, _axis, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, concrete, op,
+)
+
+# --- elementwise ------------------------------------------------------------------------------------------
+for _name, _fnp, _fj in [
+    ("Tan", np.tan, jnp.tan), ("Atan", np.arctan, jnp.arctan), ("Asin", np.arcsin, jnp.arcsin),
+    ("Acos", np.arccos, jnp.arccos), ("Sinh", np.sinh, jnp.sinh), ("Cosh", np.cosh, jnp.cosh),
+    ("Asinh", np.arcsinh, jnp.arcsinh), ("Acosh", np.arccosh, jnp.arccosh), ("Atanh", np.arctanh, jnp.arctanh),
+]:
+    OPS[("", _name)] = _unary(_fnp, _fj)
+
+
+def _f32(node, name: str, default: float):
+    return np.float32(node.attr(name, default))
+
+
+@op("IsInf")
+def _is_inf(ctx, node, inputs):
+    x = inputs[0]
+    xp = _xp(x)
+    pos = xp.isposinf(x) if node.attr("detect_positive", 1) else xp.zeros(x.shape, bool)
+    neg = xp.isneginf(x) if node.attr("detect_negative", 1) else xp.zeros(x.shape, bool)
+    return [_result(xp.logical_or(pos, neg))]
+
+
+# --- activations --------------------------------------------------------------------------------------------
+@op("Mish")
+def _mish(ctx, node, inputs):
+    x = inputs[0]
+    return [x * jnp.tanh(jax.nn.softplus(x))]
+
+
+@op("Celu")
+def _celu(ctx, node, inputs):
+    x = inputs[0]
+    alpha = _f32(node, "alpha", 1.0)
+    return [jnp.maximum(x, 0) + jnp.minimum(0, alpha * (jnp.exp(jnp.minimum(x, 0) / alpha) - 1))]
+
+
+@op("Softsign")
+def _softsign(ctx, node, inputs):
+    x = inputs[0]
+    d = 1 + jnp.abs(x)
+    return [x / _divisor(x, d)]
+
+
+@op("ThresholdedRelu")
+def _thresholded_relu(ctx, node, inputs):
+    x = inputs[0]
+    return [jnp.where(x > _f32(node, "alpha", 1.0), x, jnp.zeros_like(x))]
+
+
+@op("Shrink")
+def _shrink(ctx, node, inputs):
+    x = inputs[0]
+    xp = _xp(x)
+    lambd, bias = _f32(node, "lambd", 0.5), _f32(node, "bias", 0.0)
+    lo, hi = (x + bias).astype(x.dtype), (x - bias).astype(x.dtype)
+    return [_result(xp.where(x < -lambd, lo, xp.where(x > lambd, hi, xp.zeros_like(x))))]
+
+
+@op("Swish")
+def _swish(ctx, node, inputs):
+    x = inputs[0]
+    return [x * jax.nn.sigmoid(_f32(node, "alpha", 1.0) * x)]
+
+
+@op("Hardmax")
+def _hardmax(ctx, node, inputs):
+    """1 at the first maximum along ``axis`` (opset < 13: of the input coerced to 2-D at ``axis``)."""
+    x = jnp.asarray(inputs[0])
+    shape = x.shape
+    if node.opset < 13:
+        axis = _axis(node.attr("axis", 1), x.ndim)
+        x = jnp.reshape(x, (int(np.prod(shape[:axis], dtype=np.int64)), -1))
+        axis = 1
+    else:
+        axis = _axis(node.attr("axis", -1), x.ndim)
+    hot = jax.nn.one_hot(jnp.argmax(x, axis=axis), x.shape[axis], axis=axis, dtype=x.dtype)
+    return [jnp.reshape(hot, shape)]
+
+
+# --- normalization ------------------------------------------------------------------------------------------
+def _mean(v, axes):
+    total = jnp.sum(v, axis=axes, keepdims=True)
+    return total / _divisor(total, jnp.asarray(float(np.prod([v.shape[a] for a in axes])), v.dtype))
+
+
+def _standardize(x, axes, eps):
+    mean = _mean(x, axes)
+    centered = x - mean
+    var = _mean(centered * centered, axes)
+    return centered / _divisor(centered, jnp.sqrt(var + eps))
+
+
+@op("GroupNormalization")
+def _group_norm(ctx, node, inputs):
+    """Statistics per sample and group of channels; ``scale``/``bias`` per group (opset 18) or per
+    channel (opset 21)."""
+    x, scale, bias = jnp.asarray(inputs[0]), inputs[1], inputs[2]
+    groups = int(node.attr("num_groups"))
+    n, c = x.shape[0], x.shape[1]
+    if c % groups:
+        raise QtoolError(f"node {node.label()}: {c} channels do not split into {groups} groups")
+    g = jnp.reshape(x, (n, groups, -1))
+    y = jnp.reshape(_standardize(g, (2,), _f32(node, "epsilon", 1e-5)), x.shape)
+    if np.shape(scale)[0] != c:  # opset 18: one per group
+        scale, bias = jnp.repeat(jnp.asarray(scale), c // groups), jnp.repeat(jnp.asarray(bias), c // groups)
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    return [y * jnp.reshape(scale, per_channel) + jnp.reshape(bias, per_channel)]
+
+
+@op("RMSNormalization")
+def _rms_norm(ctx, node, inputs):
+    x, scale = jnp.asarray(inputs[0]), inputs[1]
+    axes = tuple(range(_axis(node.attr("axis", -1), x.ndim), x.ndim))
+    rms = jnp.sqrt(_mean(x * x, axes) + _f32(node, "epsilon", 1e-5))
+    return [x / _divisor(x, rms) * scale]
+
+
+@op("LRN")
+def _lrn(ctx, node, inputs):
+    """``x / (bias + alpha / size * sum of squares)^beta``, the sum over the channels ``c - (size-1)//2``
+    to ``c + ceil((size-1)/2)`` (onnxruntime's window)."""
+    x = jnp.asarray(inputs[0])
+    size = int(node.attr("size"))
+    alpha, beta, bias = _f32(node, "alpha", 1e-4), _f32(node, "beta", 0.75), _f32(node, "bias", 1.0)
+    lo = (size - 1) // 2
+    window = (1, size) + (1,) * (x.ndim - 2)
+    padding = [(0, 0), (lo, size - 1 - lo)] + [(0, 0)] * (x.ndim - 2)
+    sq = lax.reduce_window(x * x, np.array(0, x.dtype), lax.add, window, (1,) * x.ndim, padding)
+    d = jnp.power(bias + alpha / np.float32(size) * sq, beta)
+    return [x / _divisor(x, d)]
+
+
+@op("LpNormalization")
+def _lp_norm(ctx, node, inputs):
+    x = jnp.asarray(inputs[0])
+    axis = _axis(node.attr("axis", -1), x.ndim)
+    p = int(node.attr("p", 2))
+    if p == 1:
+        norm = jnp.sum(jnp.abs(x), axis=axis, keepdims=True)
+    elif p == 2:
+        sq = jnp.sum(x * x, axis=axis, keepdims=True)
+        norm = jnp.sqrt(jnp.where(sq > 0, sq, 1))
+    else:
+        raise QtoolError(f"node {node.label()}: LpNormalization p={p} (ONNX allows 1 and 2)")
+    safe = jnp.where(norm > 0, norm, 1)
+    return [jnp.where(norm > 0, x / _divisor(x, safe), jnp.zeros_like(x))]
+
+
+@op("MeanVarianceNormalization")
+def _mvn(ctx, node, inputs):
+    """``(x - mean) / (sqrt(E[x^2] - mean^2) + 1e-9)`` over ``axes`` (default 0, 2, 3), ONNX's definition."""
+    x = jnp.asarray(inputs[0])
+    axes = tuple(sorted(_axis(int(a), x.ndim) for a in (node.attr("axes") or [0, 2, 3])))
+    mean = _mean(x, axes)
+    var = _mean(x * x, axes) - mean * mean
+    centered = x - mean
+    return [centered / _divisor(centered, jnp.sqrt(jnp.maximum(var, 0)) + np.float32(1e-9))]
+
+
+@op("ReduceLogSum")
+def _reduce_log_sum(ctx, node, inputs):
+    """``log`` of ReduceSum: the same axes (attribute before opset 18, input from 18), keepdims and
+    noop_with_empty_axes."""
+    if 13 <= node.opset < 18:  # ReduceSum takes its axes as an input from opset 13, ReduceLogSum from 18
+        axes = node.attr("axes")
+        inputs = list(inputs[:1]) + [None if axes is None else np.asarray(axes, np.int64)]
+    s = OPS[("", "ReduceSum")](ctx, node, inputs)[0]
+    return [_result(_xp(s).log(s))]
+
+
+# --- pooling ---------------------------------------------------------------------------------------------------
+def _lp(x, p: int):
+    return x * x if p == 2 else jnp.power(jnp.abs(x), np.float32(p))
+
+
+def _root(s, p: int):
+    return jnp.sqrt(s) if p == 2 else jnp.power(s, np.float32(1.0 / p))
+
+
+@op("LpPool")
+def _lp_pool(ctx, node, inputs):
+    """``(sum over the window of |x|^p)^(1/p)``; pads count as zeros."""
+    x = jnp.asarray(inputs[0])
+    p = int(node.attr("p", 2))
+    kernel, strides, dilations, pads, extra = _pool_geometry(node, x)
+    padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
+    s = lax.reduce_window(_lp(x, p), np.array(0, x.dtype), lax.add, (1, 1) + tuple(kernel),
+                          (1, 1) + tuple(strides), padding, window_dilation=(1, 1) + tuple(dilations))
+    return [_root(s, p)]
+
+
+@op("GlobalLpPool")
+def _global_lp_pool(ctx, node, inputs):
+    x = jnp.asarray(inputs[0])
+    p = int(node.attr("p", 2))
+    return [_root(jnp.sum(_lp(x, p), axis=tuple(range(2, x.ndim)), keepdims=True), p)]
+
+
+# --- data movement ---------------------------------------------------------------------------------------------
+@op("DepthToSpace")
+def _depth_to_space(ctx, node, inputs):
+    x = inputs[0]
+    b = int(node.attr("blocksize"))
+    n, c, h, w = x.shape
+    xp = _xp(x)
+    if node.attr("mode", "DCR") == "CRD":
+        y = xp.transpose(xp.reshape(x, (n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+    else:
+        y = xp.transpose(xp.reshape(x, (n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+    return [_result(xp.reshape(y, (n, c // (b * b), h * b, w * b)))]
+
+
+@op("SpaceToDepth")
+def _space_to_depth(ctx, node, inputs):
+    x = inputs[0]
+    b = int(node.attr("blocksize"))
+    n, c, h, w = x.shape
+    xp = _xp(x)
+    y = xp.transpose(xp.reshape(x, (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
+    return [_result(xp.reshape(y, (n, c * b * b, h // b, w // b)))]
+
+
+def _wrap(idx, dim):
+    """Negative indices counted from the end."""
+    return _xp(idx).where(idx < 0, idx + dim, idx)
+
+
+@op("GatherND")
+def _gather_nd(ctx, node, inputs):
+    x, idx = inputs
+    batch = int(node.attr("batch_dims", 0))
+    k = idx.shape[-1]
+    xp = _xp(x, idx)
+    lead = idx.shape[:-1]
+    index = [np.arange(lead[i]).reshape([-1 if j == i else 1 for j in range(len(lead))]) for i in range(batch)]
+    index += [_wrap(idx[..., j], x.shape[batch + j]) for j in range(k)]
+    return [_result(xp.asarray(x)[tuple(index)])]
+
+
+def _along(idx, axis: int, shape) -> tuple:
+    """A full index of ``idx``'s shape: ``idx`` on ``axis``, positions elsewhere (ScatterElements)."""
+    return tuple(idx if a == axis else np.arange(shape[a]).reshape([-1 if b == a else 1 for b in range(len(shape))])
+                 for a in range(len(shape)))
+
+
+_SCATTER = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "min": "min"}
+
+
+@op("ScatterElements", "Scatter")
+def _scatter_elements(ctx, node, inputs):
+    x, idx, upd = inputs
+    axis = _axis(int(node.attr("axis", 0)), x.ndim)
+    reduction = node.attr("reduction", "none")
+    if reduction not in _SCATTER:
+        raise QtoolError(f"node {node.label()}: reduction '{reduction}' is not none, add, mul, max or min")
+    index = _along(_wrap(idx, x.shape[axis]), axis, idx.shape)
+    return [getattr(jnp.asarray(x).at[index], _SCATTER[reduction])(jnp.asarray(upd, x.dtype))]
+
+
+@op("OneHot")
+def _one_hot(ctx, node, inputs):
+    """``values[1]`` where the index (negative: from the end) is, ``values[0]`` elsewhere and for indices
+    out of ``[-depth, depth)``; the new axis at ``axis`` (default last)."""
+    idx, depth, values = inputs
+    depth = int(np.asarray(_static(node, depth, "depth")).reshape(-1)[0])
+    rank = idx.ndim + 1
+    axis = _axis(int(node.attr("axis", -1)), rank)
+    xp = _xp(idx, values)
+    idx = xp.asarray(idx).astype(np.int32) if xp is jnp else np.asarray(idx).astype(np.int64)
+    idx = xp.where(idx < 0, idx + depth, idx)
+    positions = np.arange(depth).reshape([-1 if a == axis else 1 for a in range(rank)])
+    hot = xp.expand_dims(idx, axis) == positions
+    off, on = values[0], values[1]
+    return [_result(xp.where(hot, on, off))]
+
+
+def _cum(kind: str):
+    def impl(ctx, node, inputs):
+        x = jnp.asarray(inputs[0])
+        axis = _axis(int(np.asarray(_static(node, inputs[1], "axis")).reshape(-1)[0]), x.ndim)
+        reverse, exclusive = bool(node.attr("reverse", 0)), bool(node.attr("exclusive", 0))
+        if reverse:
+            x = jnp.flip(x, axis)
+        fn, identity = (jnp.cumsum, 0) if kind == "sum" else (jnp.cumprod, 1)
+        if exclusive:
+            pad = [(0, 0)] * x.ndim
+            pad[axis] = (1, 0)
+            x = jnp.pad(lax.slice_in_dim(x, 0, x.shape[axis] - 1, axis=axis), pad, constant_values=identity)
+        y = fn(x, axis=axis, dtype=x.dtype)
+        return [jnp.flip(y, axis) if reverse else y]
+
+    return impl
+
+
+OPS[("", "CumSum")] = _cum("sum")
+OPS[("", "CumProd")] = _cum("prod")
+
+
+@op("EyeLike")
+def _eye_like(ctx, node, inputs):
+    x = inputs[0]
+    dtype = node.attr("dtype")
+    dtype = np.dtype(x.dtype) if dtype is None else _np_dtype(node, int(dtype))
+    return [np.eye(x.shape[0], x.shape[1], int(node.attr("k", 0)), dtype=dtype)]
+
+
+@op("ReverseSequence")
+def _reverse_sequence(ctx, node, inputs):
+    """Each batch entry's first ``sequence_lens[b]`` steps along ``time_axis`` reversed, the rest kept."""
+    x, lens = inputs
+    batch_axis, time_axis = int(node.attr("batch_axis", 1)), int(node.attr("time_axis", 0))
+    xp = _xp(x, lens)
+    shape = [1] * x.ndim
+    shape[time_axis] = x.shape[time_axis]
+    t = np.arange(x.shape[time_axis]).reshape(shape)
+    shape = [1] * x.ndim
+    shape[batch_axis] = x.shape[batch_axis]
+    n = xp.reshape(xp.asarray(lens).astype(np.int32), shape)
+    src = xp.where(t < n, n - 1 - t, t)
+    src = xp.broadcast_to(src, x.shape)
+    return [_result(xp.take_along_axis(xp.asarray(x), src, axis=time_axis))]

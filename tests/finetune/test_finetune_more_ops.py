@@ -1,0 +1,183 @@
+"""The ops of :mod:`qtool.finetune.more_ops`: each variant's forward against onnxruntime, and (where the op is
+differentiable) ``jax.grad`` against central finite differences along random directions."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from qtool.finetune.interpreter import Interpreter
+
+RNG = np.random.default_rng(7)
+
+
+def _r(*shape, lo=None, hi=None):
+    if lo is not None:
+        return RNG.uniform(lo, hi, shape).astype(np.float32)
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _i(values):
+    return np.asarray(values, np.int64)
+
+
+def _model(op_type, inputs: dict, consts: dict, attrs: dict, opset: int, order, out_dtype):
+    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                    for k, v in inputs.items()]
+    node = helper.make_node(op_type, order, ["y"], **attrs)
+    out = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype)), None)
+    graph = helper.make_graph([node], "g", graph_inputs, [out],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_dtype=None, grad=True, tol=1e-5):
+    """Forward equal to onnxruntime's (within ``tol``); with ``grad``, the gradient of a weighted sum of the
+    output with respect to the first input equal to central differences along two random directions (one
+    compiled function for all of it: the test stays fast)."""
+    consts, attrs = consts or {}, attrs or {}
+    order = order or (list(inputs) + list(consts))
+    name, first = next(iter(inputs.items()))
+    model = _model(op_type, inputs, consts, attrs, opset, order, out_dtype or first.dtype)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    interp = Interpreter(model)
+    feeds = {k: jnp.asarray(v) for k, v in inputs.items()}
+    eps, w, dirs = 1e-3, jnp.asarray(_r(*ref.shape)), jnp.asarray(_r(2, *first.shape))
+
+    def forward(x):
+        return interp.run({**feeds, name: x})["y"]
+
+    def checks(x):
+        if not grad:
+            return forward(x), None, None
+        f = lambda v: jnp.sum(forward(v) * w)  # noqa: E731
+        y, g = forward(x), jax.grad(f)(x)
+        fd = (jax.vmap(f)(x + eps * dirs) - jax.vmap(f)(x - eps * dirs)) / (2 * eps)
+        return y, g, fd
+
+    got, g, fd = jax.jit(checks)(feeds[name])
+    got = np.asarray(got)
+    assert got.shape == ref.shape, (op_type, attrs, got.shape, ref.shape)
+    assert got.dtype == ref.dtype or (ref.dtype == np.int64 and got.dtype == np.int32), (got.dtype, ref.dtype)
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol, err_msg=f"{op_type} {attrs} opset {opset}")
+    if grad:
+        assert np.isfinite(np.asarray(g)).all()
+        ad = np.asarray(dirs, np.float64).reshape(2, -1) @ np.asarray(g, np.float64).reshape(-1)
+        np.testing.assert_allclose(np.asarray(fd), ad, rtol=1e-2, atol=1e-2, err_msg=f"gradient of {op_type} {attrs}")
+
+
+X4 = (2, 4, 3, 5)
+
+ELEMENTWISE = [
+    ("Mish", {}, 18, {}), ("Mish", {}, 22, {}), ("Celu", {}, 12, {}), ("Celu", {"alpha": 0.5}, 12, {}),
+    ("Softsign", {}, 13, {}), ("ThresholdedRelu", {}, 10, {}), ("ThresholdedRelu", {"alpha": 0.3}, 10, {}),
+    ("Shrink", {}, 13, {}), ("Shrink", {"lambd": 0.8, "bias": 0.3}, 13, {}), ("Swish", {}, 24, {}),
+    ("Swish", {"alpha": 1.7}, 24, {}), ("Tan", {}, 13, {"lo": -1.3, "hi": 1.3}), ("Atan", {}, 13, {}),
+    ("Asin", {}, 13, {"lo": -0.9, "hi": 0.9}), ("Acos", {}, 13, {"lo": -0.9, "hi": 0.9}), ("Sinh", {}, 13, {}),
+    ("Cosh", {}, 13, {}), ("Asinh", {}, 13, {}), ("Acosh", {}, 13, {"lo": 1.1, "hi": 4.0}),
+    ("Atanh", {}, 13, {"lo": -0.9, "hi": 0.9}),
+]
+
+
+@pytest.mark.parametrize("op_type, attrs, opset, dist", ELEMENTWISE, ids=lambda v: str(v))
+def test_elementwise(op_type, attrs, opset, dist):
+    _check(op_type, {"x": _r(2, 3, 4, **dist) if dist else _r(2, 3, 4) * 2}, attrs=attrs, opset=opset)
+
+
+def test_edge_values():
+    """IsInf on infinities and NaN, Hardmax on ties (the first maximum wins), LpNormalization of a zero row (0)."""
+    x = np.asarray([[1.0, np.inf, -np.inf, np.nan], [0.0, -1.0, np.inf, 3.0]], np.float32)
+    for attrs in ({}, {"detect_negative": 0}, {"detect_positive": 0}):
+        _check("IsInf", {"x": x}, attrs=attrs, opset=10, out_dtype=np.bool_, grad=False)
+    x = np.round(_r(2, 3, 4) * 2) / 2
+    for attrs, opset in (({}, 13), ({"axis": 1}, 13), ({"axis": 0}, 13), ({}, 11), ({"axis": 2}, 11), ({}, 1)):
+        _check("Hardmax", {"x": x}, attrs=attrs, opset=opset, grad=False)
+    x = _r(3, 4)
+    x[1] = 0
+    for p in (1, 2):
+        _check("LpNormalization", {"x": x}, attrs={"p": p}, opset=22, grad=False)
+
+
+NORMALIZATION = [
+    ("GroupNormalization", {"num_groups": 2}, 18, {"s": _r(2), "b": _r(2)}),
+    ("GroupNormalization", {"num_groups": 4, "epsilon": 1e-2}, 18, {"s": _r(4), "b": _r(4)}),
+    ("GroupNormalization", {"num_groups": 2}, 21, {"s": _r(4), "b": _r(4)}),
+    ("GroupNormalization", {"num_groups": 1}, 21, {"s": _r(4), "b": _r(4)}),
+    ("RMSNormalization", {}, 23, {"s": _r(5)}),
+    ("RMSNormalization", {"axis": 1, "epsilon": 1e-3}, 23, {"s": _r(4, 3, 5)}),
+    ("LRN", {"size": 3}, 13, {}), ("LRN", {"size": 1, "alpha": 0.1, "beta": 0.5, "bias": 2.0}, 13, {}),
+    ("LRN", {"size": 5, "alpha": 0.3}, 1, {}),
+    ("LpNormalization", {}, 1, {}), ("LpNormalization", {"p": 1, "axis": 1}, 1, {}),
+    ("LpNormalization", {"p": 2, "axis": 0}, 22, {}),
+    ("MeanVarianceNormalization", {}, 13, {}), ("MeanVarianceNormalization", {"axes": [1, -1]}, 13, {}),
+    ("MeanVarianceNormalization", {"axes": [2, 3]}, 9, {}),
+    ("LpPool", {"kernel_shape": [2, 2]}, 11, {}),
+    ("LpPool", {"kernel_shape": [3, 2], "p": 3, "strides": [2, 1], "pads": [1, 0, 1, 1]}, 11, {}),
+    ("LpPool", {"kernel_shape": [2, 2], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, 18, {}),
+    ("LpPool", {"kernel_shape": [2, 2], "dilations": [1, 2], "ceil_mode": 1, "strides": [2, 2]}, 18, {}),
+    ("GlobalLpPool", {}, 2, {}), ("GlobalLpPool", {"p": 1}, 2, {}),
+]
+
+
+@pytest.mark.parametrize("op_type, attrs, opset, consts", NORMALIZATION, ids=lambda v: str(v))
+def test_normalization_and_pooling(op_type, attrs, opset, consts):
+    _check(op_type, {"x": _r(*X4) * 3 + 1}, consts, attrs, opset=opset, tol=2e-5)
+
+
+def test_reduce_log_sum():
+    x = _r(2, 3, 4, lo=0.1, hi=2.0)
+    _check("ReduceLogSum", {"x": x}, attrs={"axes": [1]}, opset=13)
+    _check("ReduceLogSum", {"x": x}, attrs={"axes": [0, -1], "keepdims": 0}, opset=11)
+    _check("ReduceLogSum", {"x": x}, opset=13)
+    _check("ReduceLogSum", {"x": x}, {"a": _i([2])}, opset=18)
+    _check("ReduceLogSum", {"x": x}, {"a": _i([0, 1])}, {"keepdims": 0}, opset=18)
+
+
+DATA = [  # (op, inputs, consts, attrs, opset, differentiable)
+    ("DepthToSpace", {"x": _r(2, 8, 2, 3)}, {}, {"blocksize": 2}, 13, True),
+    ("DepthToSpace", {"x": _r(1, 8, 2, 3)}, {}, {"blocksize": 2, "mode": "CRD"}, 13, True),
+    ("DepthToSpace", {"x": _r(1, 9, 2, 2)}, {}, {"blocksize": 3}, 1, True),
+    ("SpaceToDepth", {"x": _r(2, 3, 4, 6)}, {}, {"blocksize": 2}, 13, True),
+    ("GatherND", {"x": _r(3, 4, 5)}, {"i": _i([[0, 1], [2, -1], [-3, 3]])}, {}, 11, True),
+    ("GatherND", {"x": _r(3, 4, 5), "i": _i([[[1]], [[-1]]])}, {}, {}, 12, True),
+    ("GatherND", {"x": _r(2, 4, 5)}, {"i": _i([[[1, 2], [3, -1]], [[0, 0], [2, 4]]])}, {"batch_dims": 1}, 12, True),
+    ("GatherND", {"x": _r(2, 3, 4, 5), "i": _i([[[1], [3]], [[0], [-2]], [[2], [2]]] * 2).reshape(2, 3, 2, 1)},
+     {}, {"batch_dims": 2}, 13, True),
+    ("ScatterElements", {"x": _r(3, 4), "u": _r(2, 4)}, {"i": _i([[1, 0, 2, -1], [0, 2, -3, 1]])}, {}, 11, True),
+    ("ScatterElements", {"x": _r(3, 4), "u": _r(3, 2)}, {"i": _i([[1, 3], [0, -2], [3, 1]])}, {"axis": 1}, 13, True),
+    ("Scatter", {"x": _r(3, 4), "u": _r(2, 4)}, {"i": _i([[1, 0, 2, -1], [0, 2, 1, 1]])}, {}, 9, True),
+    *[("ScatterElements", {"x": _r(3, 4), "u": _r(3, 3)}, {"i": _i([[1, 1, 3], [0, -2, 0], [2, 1, 2]])},
+       {"axis": 1, "reduction": red}, 18, True) for red in ("add", "mul", "max", "min")],
+    ("ScatterElements", {"x": _r(3, 4), "u": _r(3, 2)}, {"i": _i([[0, 0], [1, 1], [2, 0]])},
+     {"axis": 1, "reduction": "add"}, 16, True),
+    ("OneHot", {"i": _i([[0, 2, -1], [5, -4, 1]])}, {"d": _i(4), "v": np.asarray([-1.0, 2.0], np.float32)},
+     {}, 11, False),
+    ("OneHot", {"i": _i([0, 2, -1, 3])}, {"d": _i([3]), "v": _i([0, 1])}, {"axis": 0}, 11, False),
+    ("OneHot", {"i": np.asarray([[1.0, -2.0]], np.float32)}, {"d": np.asarray(3.0, np.float32),
+     "v": np.asarray([0.5, 3.0], np.float32)}, {"axis": 1}, 9, False),
+    ("CumSum", {"x": _r(3, 4)}, {"a": _i(1)}, {}, 11, True),
+    ("CumSum", {"x": _r(3, 4)}, {"a": np.asarray(-2, np.int32)}, {"exclusive": 1}, 11, True),
+    ("CumSum", {"x": _r(3, 4, 2)}, {"a": _i(1)}, {"reverse": 1}, 14, True),
+    ("CumSum", {"x": _r(3, 4, 2)}, {"a": _i(1)}, {"reverse": 1, "exclusive": 1}, 14, True),
+    ("CumSum", {"x": _i([[1, 2, 3], [4, 5, 6]]).astype(np.int32)}, {"a": _i(1)}, {"reverse": 1}, 14, False),
+    ("CumProd", {"x": _r(3, 4)}, {"a": _i(1)}, {}, 26, True),
+    ("CumProd", {"x": _r(3, 4)}, {"a": _i(0)}, {"exclusive": 1, "reverse": 1}, 26, True),
+    ("EyeLike", {"x": _r(3, 4)}, {}, {}, 9, False),
+    ("EyeLike", {"x": _r(4, 3)}, {}, {"k": -1, "dtype": 7}, 9, False),
+    ("EyeLike", {"x": _r(3, 5)}, {}, {"k": 2}, 22, False),
+    ("ReverseSequence", {"x": _r(4, 3, 2)}, {"l": _i([4, 1, 2])}, {}, 10, True),
+    ("ReverseSequence", {"x": _r(3, 5, 2), "l": _i([5, 3, 0])}, {}, {"batch_axis": 0, "time_axis": 1}, 10, True),
+]
+
+
+@pytest.mark.parametrize("op_type, inputs, consts, attrs, opset, differentiable", DATA, ids=lambda v: str(v)[:40])
+def test_data_movement(op_type, inputs, consts, attrs, opset, differentiable):
+    out_dtype = {"OneHot": consts.get("v", np.zeros(1)).dtype}.get(op_type)
+    if op_type == "EyeLike" and "dtype" in attrs:
+        out_dtype = np.int64
+    order = {"ScatterElements": ["x", "i", "u"], "Scatter": ["x", "i", "u"]}.get(op_type)
+    _check(op_type, inputs, consts, attrs, opset=opset, order=order, out_dtype=out_dtype, grad=differentiable)
