@@ -17,7 +17,7 @@ from jax import lax
 
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import (
-    OPS, _axes_of, _axis, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, concrete, op,
+    OPS, _axis, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, op,
 )
 
 # --- elementwise ------------------------------------------------------------------------------------------
@@ -341,3 +341,94 @@ def _reverse_sequence(ctx, node, inputs):
     src = xp.where(t < n, n - 1 - t, t)
     src = xp.broadcast_to(src, x.shape)
     return [_result(xp.take_along_axis(xp.asarray(x), src, axis=time_axis))]
+
+
+# --- GridSample ------------------------------------------------------------------------------------------------
+_GRID_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic", "cubic": "cubic"}
+
+
+def _reflect(f, lo: float, hi: float):
+    """onnxruntime's ``GsReflect``: reflected by the nearer border until inside ``[lo, hi]``."""
+    span = np.float32(hi - lo)
+    below, above = f < lo, f > hi
+    d = jnp.where(below, lo - f, f - hi)
+    n = jnp.floor(d / span)
+    r = d - n * span
+    even = jnp.mod(n, 2) == 0
+    inside = jnp.where(below, jnp.where(even, lo + r, hi - r), jnp.where(even, hi - r, lo + r))
+    return jnp.where(below | above, inside, f)
+
+
+def _grid_pixels(xt, batch, index, padding: str, borders):
+    """The pixels of ``xt`` ([N, *spatial, C]) at integer ``index`` (one array per spatial axis, [N, *out]),
+    outside the image as onnxruntime's ``PixelAtGrid``: 0 (zeros), the nearest edge (border) or reflected
+    (reflection, by the borders of the sampled area, then truncated). Returns [N, *out, C]."""
+    sizes = xt.shape[1:-1]
+    valid = None
+    fixed = []
+    for i, size, (lo, hi) in zip(index, sizes, borders):
+        if padding == "zeros":
+            ok = (i >= 0) & (i < size)
+            valid = ok if valid is None else valid & ok
+        elif padding == "reflection":
+            i = _reflect(i.astype(xt.dtype), lo, hi).astype(jnp.int32)
+        fixed.append(jnp.clip(i, 0, size - 1))
+    pixels = xt[(batch, *fixed)]
+    return pixels if valid is None else jnp.where(valid[..., None], pixels, jnp.zeros((), xt.dtype))
+
+
+def _cubic_coeffs(t):
+    """Keys' cubic convolution weights (a = -0.75) of the 4 pixels around a point ``t`` past the second."""
+    a = np.float32(-0.75)
+
+    def near(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def far(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@op("GridSample")
+def _grid_sample(ctx, node, inputs):
+    """``x`` [N, C, *spatial] sampled at ``grid`` [N, *out, n] (the last axis x, y(, z): the spatial axes in
+    reverse), as onnxruntime computes it: nearest (rounded half to even), (bi/tri)linear or bicubic (2-D);
+    zeros, border or reflection padding applied per pixel; align_corners."""
+    x, grid = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    mode = _GRID_MODES.get(node.attr("mode", "bilinear" if node.opset < 20 else "linear"))
+    padding = node.attr("padding_mode", "zeros")
+    align = bool(node.attr("align_corners", 0))
+    n = x.ndim - 2
+    if mode is None or padding not in ("zeros", "border", "reflection"):
+        raise QtoolError(f"node {node.label()}: GridSample mode '{node.attr('mode')}' / padding_mode "
+                         f"'{padding}' is not supported")
+    if mode == "cubic" and n != 2:
+        raise QtoolError(f"node {node.label()}: cubic GridSample is 2-D only (onnxruntime's too)")
+    sizes = x.shape[2:]
+    coords = []
+    for d, size in enumerate(sizes):
+        g = grid[..., n - 1 - d]
+        coords.append((g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2)
+    borders = [(0.0, size - 1.0) if align else (-0.5, size - 0.5) for size in sizes]
+    xt = jnp.moveaxis(x, 1, -1)
+    batch = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (grid.ndim - 2))
+    if mode == "nearest":
+        out = _grid_pixels(xt, batch, [jnp.round(c).astype(jnp.int32) for c in coords], padding, borders)
+    else:
+        base = [jnp.floor(c) for c in coords]
+        frac = [c - b for c, b in zip(coords, base)]
+        if mode == "linear":
+            taps = [[(0, 1 - f), (1, f)] for f in frac]
+        else:
+            taps = [list(zip(range(-1, 3), _cubic_coeffs(f))) for f in frac]
+        out = 0
+        for corner in np.ndindex(*[len(t) for t in taps]):
+            weight = 1
+            index = []
+            for d, k in enumerate(corner):
+                offset, w = taps[d][k]
+                weight = weight * w
+                index.append(base[d].astype(jnp.int32) + offset)
+            out = out + weight[..., None] * _grid_pixels(xt, batch, index, padding, borders)
+    return [jnp.moveaxis(out, -1, 1)]

@@ -38,28 +38,28 @@ def _model(op_type, inputs: dict, consts: dict, attrs: dict, opset: int, order, 
 def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_dtype=None, grad=True, tol=1e-5):
     """Forward equal to onnxruntime's (within ``tol``); with ``grad``, the gradient of a weighted sum of the
     output with respect to the first input equal to central differences along two random directions (one
-    compiled function for all of it: the test stays fast)."""
+    compiled function for all of it, compiled without XLA's backend optimizations: the test stays fast)."""
     consts, attrs = consts or {}, attrs or {}
     order = order or (list(inputs) + list(consts))
     name, first = next(iter(inputs.items()))
     model = _model(op_type, inputs, consts, attrs, opset, order, out_dtype or first.dtype)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
     interp = Interpreter(model)
-    feeds = {k: jnp.asarray(v) for k, v in inputs.items()}
-    eps, w, dirs = 1e-3, jnp.asarray(_r(*ref.shape)), jnp.asarray(_r(2, *first.shape))
+    feeds = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in inputs.items()}  # JAX's int32
+    eps, w, dirs = np.float32(1e-3), _r(*ref.shape), _r(2, *first.shape)
 
-    def forward(x):
-        return interp.run({**feeds, name: x})["y"]
+    def checks(feeds, w, dirs):
+        def forward(x):
+            return interp.run({**feeds, name: x})["y"]
 
-    def checks(x):
+        x = feeds[name]
         if not grad:
             return forward(x), None, None
         f = lambda v: jnp.sum(forward(v) * w)  # noqa: E731
-        y, g = forward(x), jax.grad(f)(x)
         fd = (jax.vmap(f)(x + eps * dirs) - jax.vmap(f)(x - eps * dirs)) / (2 * eps)
-        return y, g, fd
+        return forward(x), jax.grad(f)(x), fd
 
-    got, g, fd = jax.jit(checks)(feeds[name])
+    got, g, fd = jax.jit(checks).lower(feeds, w, dirs).compile({"xla_backend_optimization_level": 0})(feeds, w, dirs)
     got = np.asarray(got)
     assert got.shape == ref.shape, (op_type, attrs, got.shape, ref.shape)
     assert got.dtype == ref.dtype or (ref.dtype == np.int64 and got.dtype == np.int32), (got.dtype, ref.dtype)
@@ -72,6 +72,19 @@ def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_d
 
 X4 = (2, 4, 3, 5)
 
+
+def _graded(cases, attrs_at: int):
+    """``cases`` with a last field: whether to check the gradient, for the first case of each op (and
+    ``mode``/``reduction``) only; the forward of every case is checked."""
+    seen, out = set(), []
+    for case in cases:
+        attrs = case[attrs_at]
+        key = (case[0], attrs.get("mode"), attrs.get("reduction"))
+        out.append((*case, key not in seen))
+        seen.add(key)
+    return out
+
+
 ELEMENTWISE = [
     ("Mish", {}, 18, {}), ("Mish", {}, 22, {}), ("Celu", {}, 12, {}), ("Celu", {"alpha": 0.5}, 12, {}),
     ("Softsign", {}, 13, {}), ("ThresholdedRelu", {}, 10, {}), ("ThresholdedRelu", {"alpha": 0.3}, 10, {}),
@@ -83,9 +96,9 @@ ELEMENTWISE = [
 ]
 
 
-@pytest.mark.parametrize("op_type, attrs, opset, dist", ELEMENTWISE, ids=lambda v: str(v))
-def test_elementwise(op_type, attrs, opset, dist):
-    _check(op_type, {"x": _r(2, 3, 4, **dist) if dist else _r(2, 3, 4) * 2}, attrs=attrs, opset=opset)
+@pytest.mark.parametrize("op_type, attrs, opset, dist, grad", _graded(ELEMENTWISE, 1), ids=lambda v: str(v))
+def test_elementwise(op_type, attrs, opset, dist, grad):
+    _check(op_type, {"x": _r(2, 3, 4, **dist) if dist else _r(2, 3, 4) * 2}, attrs=attrs, opset=opset, grad=grad)
 
 
 def test_edge_values():
@@ -123,18 +136,18 @@ NORMALIZATION = [
 ]
 
 
-@pytest.mark.parametrize("op_type, attrs, opset, consts", NORMALIZATION, ids=lambda v: str(v))
-def test_normalization_and_pooling(op_type, attrs, opset, consts):
-    _check(op_type, {"x": _r(*X4) * 3 + 1}, consts, attrs, opset=opset, tol=2e-5)
+@pytest.mark.parametrize("op_type, attrs, opset, consts, grad", _graded(NORMALIZATION, 1), ids=lambda v: str(v))
+def test_normalization_and_pooling(op_type, attrs, opset, consts, grad):
+    _check(op_type, {"x": _r(*X4) * 3 + 1}, consts, attrs, opset=opset, grad=grad, tol=2e-5)
 
 
 def test_reduce_log_sum():
     x = _r(2, 3, 4, lo=0.1, hi=2.0)
     _check("ReduceLogSum", {"x": x}, attrs={"axes": [1]}, opset=13)
-    _check("ReduceLogSum", {"x": x}, attrs={"axes": [0, -1], "keepdims": 0}, opset=11)
-    _check("ReduceLogSum", {"x": x}, opset=13)
-    _check("ReduceLogSum", {"x": x}, {"a": _i([2])}, opset=18)
-    _check("ReduceLogSum", {"x": x}, {"a": _i([0, 1])}, {"keepdims": 0}, opset=18)
+    _check("ReduceLogSum", {"x": x}, attrs={"axes": [0, -1], "keepdims": 0}, opset=11, grad=False)
+    _check("ReduceLogSum", {"x": x}, opset=13, grad=False)
+    _check("ReduceLogSum", {"x": x}, {"a": _i([2])}, opset=18, grad=False)
+    _check("ReduceLogSum", {"x": x}, {"a": _i([0, 1])}, {"keepdims": 0}, opset=18, grad=False)
 
 
 DATA = [  # (op, inputs, consts, attrs, opset, differentiable)
@@ -174,10 +187,35 @@ DATA = [  # (op, inputs, consts, attrs, opset, differentiable)
 ]
 
 
-@pytest.mark.parametrize("op_type, inputs, consts, attrs, opset, differentiable", DATA, ids=lambda v: str(v)[:40])
-def test_data_movement(op_type, inputs, consts, attrs, opset, differentiable):
+@pytest.mark.parametrize("op_type, inputs, consts, attrs, opset, differentiable, graded", _graded(DATA, 3),
+                         ids=lambda v: str(v)[:40])
+def test_data_movement(op_type, inputs, consts, attrs, opset, differentiable, graded):
     out_dtype = {"OneHot": consts.get("v", np.zeros(1)).dtype}.get(op_type)
     if op_type == "EyeLike" and "dtype" in attrs:
         out_dtype = np.int64
     order = {"ScatterElements": ["x", "i", "u"], "Scatter": ["x", "i", "u"]}.get(op_type)
-    _check(op_type, inputs, consts, attrs, opset=opset, order=order, out_dtype=out_dtype, grad=differentiable)
+    _check(op_type, inputs, consts, attrs, opset=opset, order=order, out_dtype=out_dtype,
+           grad=differentiable and graded)
+
+
+GRID = [(mode, padding, align, 16) for mode in ("bilinear", "nearest", "bicubic")
+        for padding in ("zeros", "border", "reflection") for align in (0, 1)]
+GRID += [("linear", "zeros", 0, 20), ("nearest", "border", 1, 20), ("cubic", "reflection", 0, 20),
+         (None, "zeros", 0, 20)]
+
+
+@pytest.mark.parametrize("mode, padding, align, opset", GRID)
+def test_grid_sample(mode, padding, align, opset):
+    """2-D, every mode (opset 16's names and 20's; the default mode), padding and align_corners; the grid
+    reaches past the image (padding matters); the gradient with respect to the image (bilinear and bicubic,
+    zeros padding)."""
+    attrs = {"padding_mode": padding, "align_corners": align} | ({"mode": mode} if mode else {})
+    grad = mode in ("bilinear", "bicubic") and padding == "zeros" and not align
+    _check("GridSample", {"x": _r(2, 3, 4, 5), "g": _r(2, 3, 4, 2, lo=-1.6, hi=1.6)}, attrs=attrs, opset=opset,
+           grad=grad)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_grid_sample_3d(mode):
+    _check("GridSample", {"x": _r(1, 2, 3, 4, 5), "g": _r(1, 2, 3, 2, 3, lo=-1.3, hi=1.3)},
+           attrs={"mode": mode, "padding_mode": "reflection"}, opset=20, grad=mode == "linear")
