@@ -17,7 +17,7 @@ from jax import lax
 
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import (
-    OPS, _axis, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, op,
+    OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, concrete, op,
 )
 
 # --- elementwise ------------------------------------------------------------------------------------------
@@ -432,3 +432,114 @@ def _grid_sample(ctx, node, inputs):
                 index.append(base[d].astype(jnp.int32) + offset)
             out = out + weight[..., None] * _grid_pixels(xt, batch, index, padding, borders)
     return [jnp.moveaxis(out, -1, 1)]
+
+
+@op("AffineGrid")
+def _affine_grid(ctx, node, inputs):
+    """The sampling grid [N, (D,) H, W, n] of ``theta`` [N, n, n+1] over the ``size`` [N, C, (D,) H, W] image
+    (the grid's last axis x, y(, z)), the positions normalized to [-1, 1] as GridSample reads them."""
+    theta = jnp.asarray(inputs[0])
+    size = [int(s) for s in _static(node, inputs[1], "size").reshape(-1)]
+    align = bool(node.attr("align_corners", 0))
+    spatial = size[2:]
+    axes = []
+    for length in spatial:
+        i = np.arange(length, dtype=np.float32)
+        axes.append(np.linspace(-1, 1, length, dtype=np.float32) if align else (2 * i + 1) / length - 1)
+    mesh = np.meshgrid(*axes, indexing="ij")
+    base = np.stack(list(mesh[::-1]) + [np.ones(spatial, np.float32)], axis=-1)  # x, y(, z), 1
+    return [jnp.einsum("...k,njk->n...j", base, theta, precision=lax.Precision.HIGHEST)]
+
+
+# --- linear algebra, windows, bits -----------------------------------------------------------------------------
+@op("Det")
+def _det(ctx, node, inputs):
+    x = inputs[0]
+    return [_result(np.linalg.det(x).astype(x.dtype)) if concrete(x) else jnp.linalg.det(x)]
+
+
+def _window(kind: str):
+    def impl(ctx, node, inputs):
+        size = int(np.asarray(_static(node, inputs[0], "size")).reshape(-1)[0])
+        n = size if node.attr("periodic", 1) else size - 1
+        phase = 2 * np.pi * np.arange(size, dtype=np.float64) / max(n, 1)
+        if kind == "hann":
+            w = 0.5 - 0.5 * np.cos(phase)
+        elif kind == "hamming":
+            w = 25 / 46 - 21 / 46 * np.cos(phase)
+        else:
+            w = 0.42 - 0.5 * np.cos(phase) + 0.08 * np.cos(2 * phase)
+        return [w.astype(_np_dtype(node, int(node.attr("output_datatype", 1))))]
+
+    return impl
+
+
+OPS[("", "HannWindow")] = _window("hann")
+OPS[("", "HammingWindow")] = _window("hamming")
+OPS[("", "BlackmanWindow")] = _window("blackman")
+
+for _name, _fn in [("BitwiseAnd", "bitwise_and"), ("BitwiseOr", "bitwise_or"), ("BitwiseXor", "bitwise_xor")]:
+    OPS[("", _name)] = _binary(_fn)
+OPS[("", "BitwiseNot")] = _unary(np.bitwise_not, jnp.bitwise_not)
+
+
+@op("BitShift")
+def _bit_shift(ctx, node, inputs):
+    a, b = inputs
+    xp = _xp(a, b)
+    fn = xp.left_shift if node.attr("direction") == "LEFT" else xp.right_shift
+    return [_result(fn(a, xp.asarray(b).astype(a.dtype)))]
+
+
+@op("CenterCropPad")
+def _center_crop_pad(ctx, node, inputs):
+    """Each of ``axes`` (default all) cropped or zero-padded to ``shape``, centered (the odd element at the
+    end)."""
+    x = inputs[0]
+    shape = [int(s) for s in _static(node, inputs[1], "shape").reshape(-1)]
+    axes = [_axis(int(a), x.ndim) for a in (node.attr("axes") or range(x.ndim))]
+    xp = _xp(x)
+    index, width = [slice(None)] * x.ndim, [(0, 0)] * x.ndim
+    for a, target in zip(axes, shape):
+        dim = x.shape[a]
+        if target < dim:
+            start = (dim - target) // 2
+            index[a] = slice(start, start + target)
+        elif target > dim:
+            before = (target - dim) // 2
+            width[a] = (before, target - dim - before)
+    return [_result(xp.pad(x[tuple(index)], width))]
+
+
+# --- losses ---------------------------------------------------------------------------------------------------
+def _nll(node, log_prob, target, weight):
+    """ONNX's NegativeLogLikelihoodLoss on log-probabilities [N, C, ...]: ``-log_prob[target] * weight[target]``,
+    0 where ``target == ignore_index``; ``mean`` divides by the summed weights of the counted targets."""
+    target = jnp.asarray(target).astype(jnp.int32)
+    ignore = node.attr("ignore_index")
+    counted = jnp.ones(target.shape, bool) if ignore is None else target != int(ignore)
+    safe = jnp.where(counted, target, 0)
+    picked = jnp.take_along_axis(jnp.asarray(log_prob), jnp.expand_dims(safe, 1), axis=1)[:, 0]
+    w = jnp.ones(target.shape, log_prob.dtype) if weight is None else jnp.asarray(weight)[safe]
+    w = jnp.where(counted, w, jnp.zeros((), log_prob.dtype))
+    loss = -picked * w
+    reduction = node.attr("reduction", "mean")
+    if reduction == "none":
+        return loss
+    total = jnp.sum(loss)
+    if reduction == "sum":
+        return total
+    if reduction != "mean":
+        raise QtoolError(f"node {node.label()}: reduction '{reduction}' is not none, sum or mean")
+    return total / _divisor(total, jnp.sum(w))
+
+
+@op("NegativeLogLikelihoodLoss")
+def _nll_loss(ctx, node, inputs):
+    return [_nll(node, inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None)]
+
+
+@op("SoftmaxCrossEntropyLoss")
+def _softmax_ce(ctx, node, inputs):
+    log_prob = jax.nn.log_softmax(jnp.asarray(inputs[0]), axis=1)
+    return [_nll(node, log_prob, inputs[1], inputs[2] if len(inputs) > 2 else None), log_prob]

@@ -41,10 +41,15 @@ def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_d
     compiled function for all of it, compiled without XLA's backend optimizations: the test stays fast)."""
     consts, attrs = consts or {}, attrs or {}
     order = order or (list(inputs) + list(consts))
-    name, first = next(iter(inputs.items()))
+    name, first = next(iter(inputs.items()), (None, None))
     model = _model(op_type, inputs, consts, attrs, opset, order, out_dtype or first.dtype)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
     interp = Interpreter(model)
+    if not inputs:  # all constant: computed on the host
+        got = interp.run({})["y"]
+        assert isinstance(got, np.ndarray) and got.dtype == ref.dtype, type(got)
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol, err_msg=f"{op_type} {attrs} opset {opset}")
+        return
     feeds = {k: v.astype(np.int32) if v.dtype == np.int64 else v for k, v in inputs.items()}  # JAX's int32
     eps, w, dirs = np.float32(1e-3), _r(*ref.shape), _r(2, *first.shape)
 
@@ -219,3 +224,44 @@ def test_grid_sample(mode, padding, align, opset):
 def test_grid_sample_3d(mode):
     _check("GridSample", {"x": _r(1, 2, 3, 4, 5), "g": _r(1, 2, 3, 2, 3, lo=-1.3, hi=1.3)},
            attrs={"mode": mode, "padding_mode": "reflection"}, opset=20, grad=mode == "linear")
+
+
+def test_affine_grid():
+    for align in (0, 1):
+        _check("AffineGrid", {"t": _r(2, 2, 3)}, {"s": _i([2, 3, 4, 5])}, {"align_corners": align}, opset=20,
+               grad=not align)
+        _check("AffineGrid", {"t": _r(1, 3, 4)}, {"s": _i([1, 1, 2, 3, 4])}, {"align_corners": align}, opset=20,
+               grad=False)
+
+
+def test_det_windows_bits_center_crop_pad():
+    _check("Det", {"x": _r(2, 3, 3)}, opset=11)
+    for op_type in ("HannWindow", "HammingWindow", "BlackmanWindow"):
+        for attrs in ({}, {"periodic": 0}):
+            _check(op_type, {}, {"n": np.asarray(6, np.int32)}, attrs, opset=17, out_dtype=np.float32, grad=False)
+    a, b = _i([[1, 6, 255], [7, 8, 9]]).astype(np.uint8), _i([1, 2, 3]).astype(np.uint8)
+    for op_type in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
+        _check(op_type, {"a": np.asarray(a, np.int32), "b": np.asarray(b, np.int32)}, opset=18, grad=False)
+    _check("BitwiseNot", {"a": a}, opset=18, grad=False)
+    for direction in ("LEFT", "RIGHT"):
+        _check("BitShift", {"a": a, "b": b}, attrs={"direction": direction}, opset=11, grad=False)
+    x = _r(2, 5, 4)
+    _check("CenterCropPad", {"x": x}, {"s": _i([3, 3, 7])}, opset=18)
+    _check("CenterCropPad", {"x": x}, {"s": _i([2, 6])}, {"axes": [-1, 1]}, opset=18, grad=False)
+
+
+LOSSES = [
+    ({}, False, [[0, 2, 1, 3]]), ({"reduction": "sum"}, True, [[0, 2, 1, 3]]),
+    ({"reduction": "none"}, True, [[0, 2, 1, 3]]), ({"ignore_index": 2}, True, [[0, 2, 1, 3]]),
+    ({"ignore_index": -1, "reduction": "none"}, False, [[0, -1, 1, 3]]), ({"ignore_index": 1}, False, [[0, 2, 1, 1]]),
+]
+
+
+@pytest.mark.parametrize("op_type", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+@pytest.mark.parametrize("attrs, weighted, labels", LOSSES)
+def test_losses(op_type, attrs, weighted, labels):
+    """Both losses, every reduction, class weights, ignore_index (also out of the classes' range); labels
+    [N, d] on scores [N, C, d]; the gradient for the scores."""
+    consts = {"w": np.abs(_r(4)) + 0.5} if weighted else {}
+    _check(op_type, {"x": _r(1, 4, 4), "t": np.asarray(labels, np.int64)}, consts, attrs, opset=13,
+           grad=attrs.get("reduction") != "none" or weighted)
