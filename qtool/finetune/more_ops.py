@@ -543,3 +543,113 @@ def _nll_loss(ctx, node, inputs):
 def _softmax_ce(ctx, node, inputs):
     log_prob = jax.nn.log_softmax(jnp.asarray(inputs[0]), axis=1)
     return [_nll(node, log_prob, inputs[1], inputs[2] if len(inputs) > 2 else None), log_prob]
+
+
+# --- attention ------------------------------------------------------------------------------------------------
+def _heads(v, num_heads: int):
+    """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
+    b, s, hidden = v.shape
+    return jnp.transpose(jnp.reshape(v, (b, s, num_heads, hidden // num_heads)), (0, 2, 1, 3))
+
+
+def _attention_bias(node, mask, q_len: int, kv_len: int, past_len: int, nonpad, dtype):
+    """The additive bias [.., q_len, kv_len]: the mask (boolean: 0 or -inf; shorter than the keys: padded
+    with False/-inf), the causal frontier ``j <= i + offset`` (``offset``: the past length, or
+    ``nonpad_kv_seqlen - q_len`` per batch), and -inf past each batch's ``nonpad_kv_seqlen``."""
+    ninf = jnp.asarray(-jnp.inf, dtype)
+    bias = jnp.zeros((q_len, kv_len), dtype)
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.dtype == jnp.bool_:
+            mask = jnp.where(mask, jnp.zeros((), dtype), ninf)
+        pad = kv_len - mask.shape[-1]
+        if pad > 0:
+            mask = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)], constant_values=-np.inf)
+        bias = bias + mask
+    i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    if int(node.attr("is_causal", 0)):
+        if nonpad is not None and past_len == 0:
+            offset = jnp.reshape(jnp.asarray(nonpad).astype(jnp.int32) - q_len, (-1, 1, 1, 1))
+        else:
+            offset = past_len
+        bias = bias + jnp.where(j <= i + offset, jnp.zeros((), dtype), ninf)
+    if nonpad is not None:
+        valid = j < jnp.reshape(jnp.asarray(nonpad).astype(jnp.int32), (-1, 1, 1, 1))
+        bias = bias + jnp.where(valid, jnp.zeros((), dtype), ninf)
+    return bias
+
+
+@op("Attention")
+def _attention(ctx, node, inputs):
+    """Scaled dot-product attention (opset 23/24): 3-D inputs split into ``q_num_heads``/``kv_num_heads``
+    heads, grouped-query heads (each K/V head repeated), ``scale`` (default 1/sqrt(head size), applied as
+    its square root to Q and K), a boolean or additive mask, ``is_causal`` (bottom-right aligned), a past
+    key/value cache (present outputs), ``nonpad_kv_seqlen``, ``softcap``, every ``qk_matmul_output_mode``;
+    a fully masked query row gives 0."""
+    padded = list(inputs) + [None] * (7 - len(inputs))
+    q, k, v, mask, past_k, past_v, nonpad = padded[:7]
+    for name in ("left_window_size", "right_window_size"):
+        if int(node.attr(name, -1)) != -1:
+            raise QtoolError(f"node {node.label()}: Attention's {name} is not supported by the JAX interpreter")
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    three_d = q.ndim == 3
+    if three_d:
+        q = _heads(q, int(node.attr("q_num_heads")))
+        k = _heads(k, int(node.attr("kv_num_heads")))
+        v = _heads(v, int(node.attr("kv_num_heads")))
+    scale = node.attr("scale")
+    scale = np.float32(np.sqrt(1 / np.sqrt(q.shape[-1]) if scale is None else scale))
+    past_len = 0
+    if past_k is not None:
+        past_len = past_k.shape[2]
+        k, v = jnp.concatenate([jnp.asarray(past_k), k], axis=2), jnp.concatenate([jnp.asarray(past_v), v], axis=2)
+    present_k, present_v = k, v
+    bias = _attention_bias(node, mask, q.shape[2], k.shape[2], past_len, nonpad, q.dtype)
+    if q.shape[1] != k.shape[1]:
+        k, v = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1), jnp.repeat(v, q.shape[1] // k.shape[1], axis=1)
+    qk = jnp.matmul(q * scale, jnp.swapaxes(k * scale, -1, -2), precision=lax.Precision.HIGHEST)
+    softcap = float(node.attr("softcap", 0.0))
+    if softcap > 0:
+        qk = jnp.tanh(qk / np.float32(softcap)) * np.float32(softcap)
+    scores = qk + bias
+    masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
+    probs = jax.nn.softmax(jnp.where(masked_row, jnp.zeros((), q.dtype), scores), axis=-1)
+    probs = jnp.where(masked_row, jnp.zeros((), q.dtype), probs)
+    y = jnp.matmul(probs, v, precision=lax.Precision.HIGHEST)
+    if three_d:
+        y = jnp.transpose(y, (0, 2, 1, 3))
+        y = jnp.reshape(y, y.shape[:2] + (-1,))
+    mode = int(node.attr("qk_matmul_output_mode", 0))
+    qk_out = {0: qk, 1: qk, 2: scores, 3: probs}[mode]
+    return [y, present_k, present_v, jnp.broadcast_to(qk_out, probs.shape)]
+
+
+@op("RotaryEmbedding")
+def _rotary_embedding(ctx, node, inputs):
+    """RoPE (opset 23): ``x`` [batch, heads, seq, size] or [batch, seq, heads * size] (``num_heads``), the
+    first ``rotary_embedding_dim`` (default all) of each head rotated by the cos/sin caches (indexed by
+    ``position_ids`` when given), as halves or ``interleaved`` pairs."""
+    x, cos, sin = jnp.asarray(inputs[0]), jnp.asarray(inputs[1]), jnp.asarray(inputs[2])
+    positions = inputs[3] if len(inputs) > 3 else None
+    shape = x.shape
+    if x.ndim == 4:
+        x = jnp.transpose(x, (0, 2, 1, 3))
+    else:
+        x = jnp.reshape(x, shape[:2] + (int(node.attr("num_heads")), -1))
+    dim = int(node.attr("rotary_embedding_dim", 0)) or x.shape[-1]
+    if positions is not None:
+        index = jnp.asarray(positions).astype(jnp.int32)
+        cos, sin = cos[index], sin[index]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    rot, keep = x[..., :dim], x[..., dim:]
+    if int(node.attr("interleaved", 0)):
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    else:
+        x1, x2 = rot[..., :dim // 2], rot[..., dim // 2:]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if int(node.attr("interleaved", 0)):
+        rot = jnp.reshape(jnp.stack([real, imag], axis=-1), rot.shape)
+    else:
+        rot = jnp.concatenate([real, imag], axis=-1)
+    y = jnp.concatenate([rot, keep], axis=-1)
+    return [jnp.transpose(y, (0, 2, 1, 3)) if len(shape) == 4 else jnp.reshape(y, shape)]

@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from qtool.finetune.interpreter import Interpreter
 
@@ -23,27 +24,33 @@ def _i(values):
     return np.asarray(values, np.int64)
 
 
-def _model(op_type, inputs: dict, consts: dict, attrs: dict, opset: int, order, out_dtype):
+def _model(op_type, inputs: dict, consts: dict, attrs: dict, opset: int, order, out_dtype, outputs):
     graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                     for k, v in inputs.items()]
-    node = helper.make_node(op_type, order, ["y"], **attrs)
-    out = helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype)), None)
-    graph = helper.make_graph([node], "g", graph_inputs, [out],
+    node = helper.make_node(op_type, order, outputs, **attrs)
+    outs = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(np.dtype(out_dtype)), None)
+            for o in outputs if o]
+    graph = helper.make_graph([node], "g", graph_inputs, outs,
                               initializer=[numpy_helper.from_array(v, k) for k, v in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     return model
 
 
-def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_dtype=None, grad=True, tol=1e-5):
-    """Forward equal to onnxruntime's (within ``tol``); with ``grad``, the gradient of a weighted sum of the
-    output with respect to the first input equal to central differences along two random directions (one
+def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_dtype=None, grad=True, tol=1e-5,
+           outputs=("y",), reference=None):
+    """Forward (every output) equal to onnxruntime's (within ``tol``); with ``grad``, the gradient of a weighted
+    sum of the first output with respect to the first input equal to central differences along two random directions (one
     compiled function for all of it, compiled without XLA's backend optimizations: the test stays fast)."""
     consts, attrs = consts or {}, attrs or {}
     order = order or (list(inputs) + list(consts))
     name, first = next(iter(inputs.items()), (None, None))
-    model = _model(op_type, inputs, consts, attrs, opset, order, out_dtype or first.dtype)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    model = _model(op_type, inputs, consts, attrs, opset, order, out_dtype or first.dtype, list(outputs))
+    if reference == "onnx":  # what onnxruntime refuses: ONNX's reference implementation
+        refs = ReferenceEvaluator(model).run(None, inputs)
+    else:
+        refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+    ref = refs[0]
     interp = Interpreter(model)
     if not inputs:  # all constant: computed on the host
         got = interp.run({})["y"]
@@ -55,20 +62,21 @@ def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_d
 
     def checks(feeds, w, dirs):
         def forward(x):
-            return interp.run({**feeds, name: x})["y"]
+            return interp.run({**feeds, name: x})
 
         x = feeds[name]
         if not grad:
             return forward(x), None, None
-        f = lambda v: jnp.sum(forward(v) * w)  # noqa: E731
+        f = lambda v: jnp.sum(forward(v)[outputs[0]] * w)  # noqa: E731
         fd = (jax.vmap(f)(x + eps * dirs) - jax.vmap(f)(x - eps * dirs)) / (2 * eps)
         return forward(x), jax.grad(f)(x), fd
 
     got, g, fd = jax.jit(checks).lower(feeds, w, dirs).compile({"xla_backend_optimization_level": 0})(feeds, w, dirs)
-    got = np.asarray(got)
-    assert got.shape == ref.shape, (op_type, attrs, got.shape, ref.shape)
-    assert got.dtype == ref.dtype or (ref.dtype == np.int64 and got.dtype == np.int32), (got.dtype, ref.dtype)
-    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol, err_msg=f"{op_type} {attrs} opset {opset}")
+    for out, r in zip([o for o in outputs if o], refs):
+        o = np.asarray(got[out])
+        assert o.shape == r.shape, (op_type, attrs, out, o.shape, r.shape)
+        assert o.dtype == r.dtype or (r.dtype == np.int64 and o.dtype == np.int32), (o.dtype, r.dtype)
+        np.testing.assert_allclose(o, r, rtol=tol, atol=tol, err_msg=f"{op_type} {attrs} opset {opset} {out}")
     if grad:
         assert np.isfinite(np.asarray(g)).all()
         ad = np.asarray(dirs, np.float64).reshape(2, -1) @ np.asarray(g, np.float64).reshape(-1)
@@ -265,3 +273,63 @@ def test_losses(op_type, attrs, weighted, labels):
     consts = {"w": np.abs(_r(4)) + 0.5} if weighted else {}
     _check(op_type, {"x": _r(1, 4, 4), "t": np.asarray(labels, np.int64)}, consts, attrs, opset=13,
            grad=attrs.get("reduction") != "none" or weighted)
+
+
+ATTENTION = [  # (attrs, 3-D, with a past cache, mask: None/"bool"/"float"/"short", nonpad_kv_seqlen)
+    ({}, False, False, None, False), ({"is_causal": 1}, False, False, None, False),
+    ({"scale": 0.3, "softcap": 2.0}, False, False, "float", False),
+    ({"q_num_heads": 4, "kv_num_heads": 2}, True, False, "bool", False),
+    ({"q_num_heads": 2, "kv_num_heads": 1, "is_causal": 1, "qk_matmul_output_mode": 1}, True, False, None, False),
+    ({"is_causal": 1, "qk_matmul_output_mode": 2}, False, True, "short", False),
+    ({"qk_matmul_output_mode": 3}, False, True, "bool", False),
+    ({"is_causal": 1}, False, False, None, True), ({}, False, False, "float", True),
+]
+
+
+@pytest.mark.parametrize("attrs, three_d, past, mask, nonpad", ATTENTION, ids=str)
+def test_attention(attrs, three_d, past, mask, nonpad):
+    """Attention (opset 24): 4-D and 3-D (grouped-query heads), causal with and without a past cache, boolean,
+    additive and short masks (padded: onnxruntime refuses them, ONNX's reference implementation is the check), nonpad_kv_seqlen, scale and softcap, the present cache and every
+    qk_matmul_output_mode; the gradient for Q."""
+    b, hq, hk, s, kv, d = 2, 2, 2, 3, 4, 4
+    if three_d:
+        hq, hk = attrs["q_num_heads"], attrs["kv_num_heads"]
+        q, k, v = _r(b, s, hq * d), _r(b, kv, hk * d), _r(b, kv, hk * d)
+    else:
+        q, k, v = _r(b, hq, s, d), _r(b, hk, kv, d), _r(b, hk, kv, d)
+    inputs, names = {"q": q, "k": k, "v": v}, ["q", "k", "v"]
+    total = kv + (2 if past else 0)
+    if mask is not None:
+        width = total - 1 if mask == "short" else total
+        inputs["m"] = (RNG.random((s, width)) > 0.3) if mask == "bool" else _r(1, hq, s, width)
+        inputs["m"][:, 0] = True if mask == "bool" else inputs["m"][:, 0]
+        if mask == "bool" and not past:
+            inputs["m"][1] = False  # a fully masked query row: 0
+    names.append("m" if mask is not None else "")
+    if past:
+        inputs["pk"], inputs["pv"] = _r(b, hk, 2, d), _r(b, hk, 2, d)
+        names += ["pk", "pv"]
+    if nonpad:
+        inputs["n"] = _i([4, 2])
+        names += ["", "", "n"]
+    outputs = ["y", "pk_out" if past else "", "pv_out" if past else "", "qk" if "qk_matmul_output_mode" in attrs else ""]
+    while not outputs[-1]:
+        outputs.pop()
+    _check("Attention", inputs, attrs=attrs, opset=24, order=names, tol=2e-5, outputs=outputs,
+           reference="onnx" if mask == "short" else None)
+
+
+@pytest.mark.parametrize("attrs, three_d, positions", [
+    ({}, False, True), ({"interleaved": 1}, False, True), ({"rotary_embedding_dim": 4}, False, False),
+    ({"num_heads": 2, "interleaved": 1, "rotary_embedding_dim": 2}, True, True),
+])
+def test_rotary_embedding(attrs, three_d, positions):
+    b, h, s, d = 2, 2, 3, 6
+    x = _r(b, s, h * d) if three_d else _r(b, h, s, d)
+    half = attrs.get("rotary_embedding_dim", d) // 2
+    inputs = {"x": x}
+    if positions:
+        consts = {"c": _r(5, half), "s": _r(5, half), "p": _i([[0, 1, 4], [2, 3, 3]])}
+    else:
+        consts = {"c": _r(b, s, half), "s": _r(b, s, half)}
+    _check("RotaryEmbedding", inputs, consts, attrs, opset=23)
