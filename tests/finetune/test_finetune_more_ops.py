@@ -40,8 +40,9 @@ def _model(op_type, inputs: dict, consts: dict, attrs: dict, opset: int, order, 
 def _check(op_type, inputs, consts=None, attrs=None, opset=13, order=None, out_dtype=None, grad=True, tol=1e-5,
            outputs=("y",), reference=None):
     """Forward (every output) equal to onnxruntime's (within ``tol``); with ``grad``, the gradient of a weighted
-    sum of the first output with respect to the first input equal to central differences along two random directions (one
-    compiled function for all of it, compiled without XLA's backend optimizations: the test stays fast)."""
+    sum of the first output with respect to the first input equal to central differences along two random
+    directions (one compiled function for all of it, compiled without XLA's backend optimizations: the test
+    stays fast)."""
     consts, attrs = consts or {}, attrs or {}
     order = order or (list(inputs) + list(consts))
     name, first = next(iter(inputs.items()), (None, None))
@@ -288,8 +289,9 @@ ATTENTION = [  # (attrs, 3-D, with a past cache, mask: None/"bool"/"float"/"shor
 
 @pytest.mark.parametrize("attrs, three_d, past, mask, nonpad", ATTENTION, ids=str)
 def test_attention(attrs, three_d, past, mask, nonpad):
-    """Attention (opset 24): 4-D and 3-D (grouped-query heads), causal with and without a past cache, boolean,
-    additive and short masks (padded: onnxruntime refuses them, ONNX's reference implementation is the check), nonpad_kv_seqlen, scale and softcap, the present cache and every
+    """Attention (opset 24): 4-D and 3-D (grouped-query heads), causal with and without a past cache, boolean
+    (a fully masked row: 0), additive and short masks (padded; onnxruntime refuses them, ONNX's reference
+    implementation is the check), nonpad_kv_seqlen, scale and softcap, the present cache and every
     qk_matmul_output_mode; the gradient for Q."""
     b, hq, hk, s, kv, d = 2, 2, 2, 3, 4, 4
     if three_d:
@@ -312,7 +314,8 @@ def test_attention(attrs, three_d, past, mask, nonpad):
     if nonpad:
         inputs["n"] = _i([4, 2])
         names += ["", "", "n"]
-    outputs = ["y", "pk_out" if past else "", "pv_out" if past else "", "qk" if "qk_matmul_output_mode" in attrs else ""]
+    outputs = ["y", "pk_out" if past else "", "pv_out" if past else "",
+               "qk" if "qk_matmul_output_mode" in attrs else ""]
     while not outputs[-1]:
         outputs.pop()
     _check("Attention", inputs, attrs=attrs, opset=24, order=names, tol=2e-5, outputs=outputs,
