@@ -653,3 +653,57 @@ def _rotary_embedding(ctx, node, inputs):
         rot = jnp.concatenate([real, imag], axis=-1)
     y = jnp.concatenate([rot, keep], axis=-1)
     return [jnp.transpose(y, (0, 2, 1, 3)) if len(shape) == 4 else jnp.reshape(y, shape)]
+
+
+# --- Fourier transforms ---------------------------------------------------------------------------------------
+def _complex(x):
+    """A real ([..., 1]) or complex ([..., 2]) ONNX signal as a complex array without the last axis."""
+    x = jnp.asarray(x)
+    return x[..., 0] + 1j * x[..., 1] if x.shape[-1] == 2 else x[..., 0].astype(jnp.complex64)
+
+
+def _real_imag(z, dtype):
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1).astype(dtype)
+
+
+@op("DFT")
+def _dft(ctx, node, inputs):
+    """The (inverse) DFT along ``axis`` (attribute before opset 20, input from 20; counted over the input's
+    rank), zero-padded or truncated to ``dft_length``; ``onesided`` keeps the first ``n // 2 + 1`` bins."""
+    x = inputs[0]
+    length = inputs[1] if len(inputs) > 1 else None
+    if node.opset >= 20:
+        axis = int(np.asarray(_static(node, inputs[2], "axis")).reshape(-1)[0]) if len(inputs) > 2 and \
+            inputs[2] is not None else -2
+    else:
+        axis = int(node.attr("axis", 1))
+    axis = _axis(axis, x.ndim)
+    n = int(np.asarray(_static(node, length, "dft_length")).reshape(-1)[0]) if length is not None else x.shape[axis]
+    z = _complex(x)
+    z = (jnp.fft.ifft if node.attr("inverse", 0) else jnp.fft.fft)(z, n=n, axis=axis)
+    if node.attr("onesided", 0):
+        z = lax.slice_in_dim(z, 0, n // 2 + 1, axis=axis)
+    return [_real_imag(z, x.dtype)]
+
+
+@op("STFT")
+def _stft(ctx, node, inputs):
+    """Frames of ``frame_length`` (default the window's length) every ``frame_step`` samples, times the
+    window, DFT'd: [batch, frames, bins, 2] (``onesided``, default 1: ``frame_length // 2 + 1`` bins)."""
+    padded = list(inputs) + [None] * (4 - len(inputs))
+    x, step, window, length = padded[:4]
+    step = int(np.asarray(_static(node, step, "frame_step")).reshape(-1)[0])
+    if length is not None:
+        length = int(np.asarray(_static(node, length, "frame_length")).reshape(-1)[0])
+    else:
+        length = np.shape(window)[0]
+    z = _complex(x)  # [batch, samples]
+    frames = (z.shape[1] - length) // step + 1
+    index = np.arange(frames)[:, None] * step + np.arange(length)[None, :]
+    z = z[:, index]  # [batch, frames, length]
+    if window is not None:
+        z = z * jnp.asarray(window)
+    z = jnp.fft.fft(z, axis=-1)
+    if node.attr("onesided", 1):
+        z = z[..., :length // 2 + 1]
+    return [_real_imag(z, jnp.asarray(x).dtype)]

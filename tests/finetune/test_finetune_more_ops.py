@@ -336,3 +336,24 @@ def test_rotary_embedding(attrs, three_d, positions):
     else:
         consts = {"c": _r(b, s, half), "s": _r(b, s, half)}
     _check("RotaryEmbedding", inputs, consts, attrs, opset=23)
+
+
+FOURIER = [  # (op, inputs, consts, attrs, opset)
+    ("DFT", {"x": _r(2, 8, 1)}, {}, {}, 17), ("DFT", {"x": _r(2, 8, 2)}, {"n": _i(6)}, {"inverse": 1}, 17),
+    ("DFT", {"x": _r(2, 7, 1)}, {}, {"onesided": 1}, 17),
+    ("DFT", {"x": _r(3, 4, 5, 2)}, {"n": _i(7), "a": _i(1)}, {}, 20),
+    ("DFT", {"x": _r(3, 4, 5, 1)}, {"n": np.asarray(4, np.int64), "a": _i(-2)}, {"onesided": 1}, 20),
+    ("STFT", {"x": _r(2, 16, 1)}, {"s": _i(4), "w": np.hanning(6).astype(np.float32)}, {}, 17),
+    ("STFT", {"x": _r(1, 15, 2)}, {"s": _i(3), "w": _r(5)}, {"onesided": 0}, 17),
+    ("STFT", {"x": _r(2, 12, 1)}, {"s": _i(2), "w": np.zeros(0, np.float32), "l": _i(5)}, {}, 17),
+]
+
+
+@pytest.mark.parametrize("op_type, inputs, consts, attrs, opset", FOURIER, ids=str)
+def test_fourier(op_type, inputs, consts, attrs, opset):
+    """DFT (real and complex, dft_length padding and truncation, inverse, onesided, opset 17's axis attribute
+    and 20's input) and STFT (with a window, without one by frame_length); the gradient for the signal."""
+    order = None
+    if op_type == "STFT" and not np.size(consts["w"]):
+        order, consts = ["x", "s", "", "l"], {"s": consts["s"], "l": consts["l"]}
+    _check(op_type, inputs, consts, attrs, opset=opset, order=order, tol=2e-5)
