@@ -707,3 +707,70 @@ def _stft(ctx, node, inputs):
     if node.attr("onesided", 1):
         z = z[..., :length // 2 + 1]
     return [_real_imag(z, jnp.asarray(x).dtype)]
+
+
+@op("MelWeightMatrix")
+def _mel_weight_matrix(ctx, node, inputs):
+    """The [dft_length // 2 + 1, num_mel_bins] triangular mel filters (ONNX's definition), on the host."""
+    bins, dft, rate = (int(np.asarray(_static(node, v, "size")).reshape(-1)[0]) for v in inputs[:3])
+    lo, hi = (float(np.asarray(_static(node, v, "edge")).reshape(-1)[0]) for v in inputs[3:5])
+    mel_lo, mel_hi = 2595 * np.log10(1 + lo / 700), 2595 * np.log10(1 + hi / 700)
+    mels = np.arange(bins + 2) * ((mel_hi - mel_lo) / (bins + 2)) + mel_lo
+    edges = (((dft + 1) * (700 * (10 ** (mels / 2595) - 1))) // rate).astype(int)
+    out = np.zeros((dft // 2 + 1, bins))
+    for i in range(bins):
+        left, center, right = edges[i:i + 3]
+        if center == left:
+            out[center, i] = 1
+        else:
+            out[left:center + 1, i] = (np.arange(left, center + 1) - left) / (center - left)
+        if right > center:
+            out[center:right, i] = (right - np.arange(center, right)) / (right - center)
+    return [out.astype(_np_dtype(node, int(node.attr("output_datatype", 1))))]
+
+
+@op("Col2Im")
+def _col2im(ctx, node, inputs):
+    """The adjoint of im2col: [N, C * prod(block), L] columns summed back into the [N, C, *image_shape] image
+    (``strides``, ``pads``, ``dilations``), as the transpose of JAX's patch extraction."""
+    cols = jnp.asarray(inputs[0])
+    image = [int(s) for s in _static(node, inputs[1], "image_shape").reshape(-1)]
+    block = [int(s) for s in _static(node, inputs[2], "block_shape").reshape(-1)]
+    n = len(image)
+    strides, dilations = ([int(v) for v in (node.attr(k) or [1] * n)] for k in ("strides", "dilations"))
+    p = [int(v) for v in (node.attr("pads") or [0] * (2 * n))]
+    channels = cols.shape[1] // int(np.prod(block))
+    img_shape = (cols.shape[0], channels, *image)
+
+    def patches(img):
+        return lax.conv_general_dilated_patches(img, block, strides, [(p[i], p[i + n]) for i in range(n)],
+                                                rhs_dilation=dilations, precision=lax.Precision.HIGHEST)
+
+    out_shape = jax.eval_shape(patches, jax.ShapeDtypeStruct(img_shape, cols.dtype)).shape
+    (img,) = jax.linear_transpose(patches, jax.ShapeDtypeStruct(img_shape, cols.dtype))(jnp.reshape(cols, out_shape))
+    return [img]
+
+
+@op("SwiGLU")
+def _swiglu(ctx, node, inputs):
+    a, b = inputs
+    return [a * jax.nn.sigmoid(_f32(node, "alpha", 1.0) * a) * b]
+
+
+@op("TensorScatter")
+def _tensor_scatter(ctx, node, inputs):
+    """``update`` written into ``past_cache`` along ``axis`` (default -2) from each batch entry's
+    ``write_indices`` (default 0); ``circular`` wraps around the cache's length."""
+    cache, update = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    starts = inputs[2] if len(inputs) > 2 else None
+    axis = _axis(int(node.attr("axis", -2)), cache.ndim)
+    size, length = cache.shape[axis], update.shape[axis]
+    starts = jnp.zeros(cache.shape[0], jnp.int32) if starts is None else jnp.asarray(starts).astype(jnp.int32)
+    shape = [1] * cache.ndim
+    shape[0], shape[axis] = cache.shape[0], length
+    where = jnp.reshape(starts, [-1] + [1] * (cache.ndim - 1)) + jnp.reshape(jnp.arange(length), [1] * axis + [-1]
+                                                                             + [1] * (cache.ndim - axis - 1))
+    if node.attr("mode", "linear") == "circular":
+        where = jnp.mod(where, size)
+    where = jnp.broadcast_to(where, update.shape)
+    return [cache.at[_along(where, axis, update.shape)].set(update)]

@@ -357,3 +357,24 @@ def test_fourier(op_type, inputs, consts, attrs, opset):
     if op_type == "STFT" and not np.size(consts["w"]):
         order, consts = ["x", "s", "", "l"], {"s": consts["s"], "l": consts["l"]}
     _check(op_type, inputs, consts, attrs, opset=opset, order=order, tol=2e-5)
+
+
+def test_col2im_mel_swiglu_tensor_scatter():
+    """Col2Im (strides, pads, dilations; the gradient for the columns), MelWeightMatrix (a constant), SwiGLU
+    (opset 28: onnxruntime has no Swish-24 to expand it to, ONNX's reference is the check), TensorScatter
+    (linear and circular, with and without write_indices)."""
+    shapes = {"s": _i([5, 5]), "b": _i([2, 3])}
+    _check("Col2Im", {"x": _r(2, 12, 12)}, shapes, opset=18)
+    _check("Col2Im", {"x": _r(1, 12, 6)}, shapes, {"strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]},
+           opset=18, grad=False)
+    edges = {"n": _i(5), "d": _i(32), "r": _i(8000), "lo": np.asarray(50.0, np.float32),
+             "hi": np.asarray(3800.0, np.float32)}
+    _check("MelWeightMatrix", {}, edges, opset=17, out_dtype=np.float32)
+    _check("SwiGLU", {"a": _r(3, 4), "b": _r(3, 4)}, attrs={"alpha": 1.5}, opset=28, reference="onnx")
+    cache = _r(2, 3, 5, 4)
+    _check("TensorScatter", {"c": cache, "u": _r(2, 3, 2, 4)}, opset=24)
+    _check("TensorScatter", {"c": cache, "u": _r(2, 3, 2, 4), "i": _i([1, 3])}, opset=24)
+    _check("TensorScatter", {"c": cache, "u": _r(2, 3, 3, 4), "i": _i([1, 4])}, attrs={"mode": "circular"},
+           opset=24, grad=False, reference="onnx")
+    _check("TensorScatter", {"c": cache, "u": _r(2, 2, 5, 4), "i": _i([0, 1])}, attrs={"axis": 1}, opset=24,
+           grad=False)
