@@ -17,7 +17,7 @@ from jax import lax
 
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import (
-    OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _static, _unary, _xp, concrete, op,
+    OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _sqrt, _static, _unary, _xp, concrete, op,
 )
 
 # --- elementwise ------------------------------------------------------------------------------------------
@@ -170,13 +170,14 @@ def _lp_norm(ctx, node, inputs):
 
 @op("MeanVarianceNormalization")
 def _mvn(ctx, node, inputs):
-    """``(x - mean) / (sqrt(E[x^2] - mean^2) + 1e-9)`` over ``axes`` (default 0, 2, 3), ONNX's definition."""
+    """``(x - mean) / (sqrt(E[x^2] - mean^2) + 1e-9)`` over ``axes`` (default 0, 2, 3), ONNX's definition: a
+    constant channel gives 0 (onnxruntime: NaN, 0 / 0), with a finite gradient."""
     x = jnp.asarray(inputs[0])
     axes = tuple(sorted(_axis(int(a), x.ndim) for a in (node.attr("axes") or [0, 2, 3])))
     mean = _mean(x, axes)
     var = _mean(x * x, axes) - mean * mean
     centered = x - mean
-    return [centered / _divisor(centered, jnp.sqrt(jnp.maximum(var, 0)) + np.float32(1e-9))]
+    return [centered / _divisor(centered, _sqrt(jnp.maximum(var, 0)) + np.float32(1e-9))]
 
 
 @op("ReduceLogSum")
@@ -196,7 +197,11 @@ def _lp(x, p: int):
 
 
 def _root(s, p: int):
-    return jnp.sqrt(s) if p == 2 else jnp.power(s, np.float32(1.0 / p))
+    """``s ** (1/p)`` whose derivative at 0 is 0, not inf (an all-zero window after a ReLU)."""
+    if p == 2:
+        return _sqrt(s)
+    positive = s > 0
+    return jnp.where(positive, jnp.power(jnp.where(positive, s, 1), np.float32(1.0 / p)), jnp.zeros_like(s))
 
 
 @op("LpPool")

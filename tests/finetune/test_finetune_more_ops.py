@@ -116,7 +116,8 @@ def test_elementwise(op_type, attrs, opset, dist, grad):
 
 
 def test_edge_values():
-    """IsInf on infinities and NaN, Hardmax on ties (the first maximum wins), LpNormalization of a zero row (0)."""
+    """IsInf on infinities and NaN, Hardmax on ties (the first maximum wins), LpNormalization of a zero row (0);
+    finite gradients where a pooling window or a normalized channel is all zeros."""
     x = np.asarray([[1.0, np.inf, -np.inf, np.nan], [0.0, -1.0, np.inf, 3.0]], np.float32)
     for attrs in ({}, {"detect_negative": 0}, {"detect_positive": 0}):
         _check("IsInf", {"x": x}, attrs=attrs, opset=10, out_dtype=np.bool_, grad=False)
@@ -127,6 +128,23 @@ def test_edge_values():
     x[1] = 0
     for p in (1, 2):
         _check("LpNormalization", {"x": x}, attrs={"p": p}, opset=22, grad=False)
+    # all-zero windows and channels (after a ReLU): finite gradients
+    x = _r(1, 2, 4, 4)
+    x[0, 0] = 0
+    for op_type, attrs in (("LpPool", {"kernel_shape": [2, 2], "p": 3}), ("LpPool", {"kernel_shape": [2, 2]}),
+                           ("GlobalLpPool", {})):
+        _check(op_type, {"x": x}, attrs=attrs, opset=18)
+    # a zero vector, a constant channel: 0 (MeanVarianceNormalization by ONNX's definition, its 1e-9, where
+    # onnxruntime divides 0 by 0); not differentiable there (finite differences do not apply): a finite gradient
+    for op_type, attrs in (("LpNormalization", {"axis": 2}), ("MeanVarianceNormalization", {"axes": [2, 3]})):
+        interp = Interpreter(_model(op_type, {"x": x}, {}, attrs, 13, ["x"], np.float32, ["y"]))
+        def weighted(v, interp=interp):
+            y = interp.run({"x": v})["y"]
+            return jnp.sum(y * jnp.arange(16.0).reshape(4, 4)), y
+
+        g, y = jax.jit(jax.grad(weighted, has_aux=True))(x)
+        assert np.isfinite(np.asarray(g)).all() and np.isfinite(np.asarray(y)).all(), op_type
+        np.testing.assert_array_equal(np.asarray(y)[0, 0], 0)
 
 
 NORMALIZATION = [
