@@ -17,7 +17,8 @@ from jax import lax
 
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import (
-    OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _sqrt, _static, _unary, _xp, concrete, op,
+    OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _spatial_attrs, _sqrt, _static, _unary, _xp,
+    concrete, op,
 )
 
 # --- elementwise ------------------------------------------------------------------------------------------
@@ -779,3 +780,44 @@ def _tensor_scatter(ctx, node, inputs):
         where = jnp.mod(where, size)
     where = jnp.broadcast_to(where, update.shape)
     return [cache.at[_along(where, axis, update.shape)].set(update)]
+
+
+@op("DeformConv")
+def _deform_conv(ctx, node, inputs):
+    """2-D deformable convolution (v1, and v2 with ``mask``): each kernel tap reads the input bilinearly
+    (0 outside) at its place moved by ``offset`` [N, offset_group * kH * kW * 2 (dy, dx), oH, oW]; ``group``,
+    ``offset_group``, ``strides``, ``pads``, ``dilations``, the bias."""
+    padded = list(inputs) + [None] * (5 - len(inputs))
+    x, w, offset, b, mask = (None if v is None else jnp.asarray(v) for v in padded[:5])
+    if x.ndim != 4:
+        raise QtoolError(f"node {node.label()}: only 2-D DeformConv is supported")
+    n, c = x.shape[:2]
+    kh, kw = (int(k) for k in (node.attr("kernel_shape") or w.shape[2:]))
+    (sh, sw), (dh, dw) = _spatial_attrs(node, 2)
+    pads = [int(p) for p in (node.attr("pads") or [0] * 4)]
+    groups, offset_groups = int(node.attr("group", 1)), int(node.attr("offset_group", 1))
+    oh, ow = offset.shape[2:]
+    offset = jnp.reshape(offset, (n, offset_groups, kh, kw, 2, oh, ow))
+    mask = None if mask is None else jnp.reshape(mask, (n, offset_groups, kh, kw, oh, ow))
+    rows = (np.arange(kh)[:, None, None, None] * dh + np.arange(oh)[None, None, :, None] * sh - pads[0])
+    cols = (np.arange(kw)[None, :, None, None] * dw + np.arange(ow)[None, None, None, :] * sw - pads[1])
+    xt = jnp.moveaxis(x, 1, -1)
+    batch = jnp.arange(n).reshape(-1, 1, 1, 1, 1)
+    per = c // offset_groups
+    sampled = []
+    for g in range(offset_groups):
+        y, xx = rows + offset[:, g, :, :, 0], cols + offset[:, g, :, :, 1]  # [N, kH, kW, oH, oW]
+        y0, x0 = jnp.floor(y), jnp.floor(xx)
+        fy, fx = y - y0, xx - x0
+        y0, x0 = y0.astype(jnp.int32), x0.astype(jnp.int32)
+        part = xt[..., g * per:(g + 1) * per]
+        borders = [(-0.5, x.shape[2] - 0.5), (-0.5, x.shape[3] - 0.5)]
+        v = sum(wy[..., None] * wx[..., None] * _grid_pixels(part, batch, [y0 + dy, x0 + dx], "zeros", borders)
+                for dy, wy in ((0, 1 - fy), (1, fy)) for dx, wx in ((0, 1 - fx), (1, fx)))
+        sampled.append(v if mask is None else v * mask[:, g, ..., None])
+    taps = jnp.concatenate(sampled, axis=-1)  # [N, kH, kW, oH, oW, C]
+    taps = jnp.reshape(taps, taps.shape[:-1] + (groups, c // groups))
+    wg = jnp.reshape(w, (groups, -1) + w.shape[1:])  # [group, oC/group, C/group, kH, kW]
+    y = jnp.einsum("nijhwgc,gocij->ngohw", taps, wg, precision=lax.Precision.HIGHEST)
+    y = jnp.reshape(y, (n, -1, oh, ow))
+    return [y if b is None else y + jnp.reshape(b, (1, -1, 1, 1))]

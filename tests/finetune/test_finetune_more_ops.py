@@ -396,3 +396,31 @@ def test_col2im_mel_swiglu_tensor_scatter():
            opset=24, grad=False, reference="onnx")
     _check("TensorScatter", {"c": cache, "u": _r(2, 2, 5, 4), "i": _i([0, 1])}, attrs={"axis": 1}, opset=24,
            grad=False)
+
+
+@pytest.mark.parametrize("attrs, groups, offset_groups, with_mask", [
+    ({}, 1, 1, False), ({"pads": [1, 1, 1, 1], "strides": [2, 1]}, 1, 1, True),
+    ({"dilations": [1, 2]}, 2, 2, True),
+])
+def test_deform_conv(attrs, groups, offset_groups, with_mask):
+    """DeformConv (v1; v2 with a mask): strides, pads, dilations, groups, offset groups; offsets large enough
+    to read outside the image; the gradient for the input."""
+    x, w = _r(2, 4, 5, 6), _r(6, 4 // groups, 3, 2)
+    strides, pads, dil = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
+    oh = (5 + pads[0] + pads[2] - (3 - 1) * dil[0] - 1) // strides[0] + 1
+    ow = (6 + pads[1] + pads[3] - (2 - 1) * dil[1] - 1) // strides[1] + 1
+    consts = {"w": w, "o": _r(2, offset_groups * 3 * 2 * 2, oh, ow) * 1.5, "b": _r(6)}
+    if with_mask:
+        consts["m"] = _r(2, offset_groups * 3 * 2, oh, ow, lo=0.0, hi=1.0)
+    attrs = {**attrs, "group": groups, "offset_group": offset_groups, "kernel_shape": [3, 2]}
+    _check("DeformConv", {"x": x}, consts, attrs, opset=19, tol=2e-5)
+
+
+def test_deform_conv_offset_gradient():
+    """The gradient for the offsets (what a DCN's offset branch trains by) and the mask."""
+    consts = {"x": _r(1, 2, 4, 5), "w": _r(3, 2, 2, 2)}
+    _check("DeformConv", {"o": _r(1, 8, 3, 4) * 1.5}, consts, {"kernel_shape": [2, 2]}, opset=19,
+           order=["x", "w", "o"], tol=2e-5)
+    consts["o"] = _r(1, 8, 3, 4)
+    _check("DeformConv", {"m": _r(1, 4, 3, 4, lo=0.0, hi=1.0)}, consts, {"kernel_shape": [2, 2]}, opset=19,
+           order=["x", "w", "o", "", "m"], tol=2e-5)
