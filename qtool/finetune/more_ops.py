@@ -1,12 +1,14 @@
 """More standard ONNX ops for the JAX interpreter (:mod:`qtool.finetune.interpreter`).
 
 Registered with the interpreter's ``op`` decorator when it is imported (the interpreter imports this
-module once, at its end): activations (Mish, Celu, Softsign, ThresholdedRelu, Shrink, Swish), inverse and
-hyperbolic trigonometry, IsInf, Hardmax, normalizations (GroupNormalization, RMSNormalization, LRN,
-LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool, data movement
-(DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd, EyeLike,
-ReverseSequence) and GridSample. Shapes, axes and depths must be constants, as for the other ops.
-"""
+module once, at its end): activations (Mish, Celu, Softsign, ThresholdedRelu, Shrink, Swish, SwiGLU),
+Tan and the inverse and hyperbolic trigonometry, IsInf, Hardmax, normalizations (GroupNormalization,
+RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool,
+data movement (DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd,
+EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
+RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, the two classification losses, Det, the
+window ops and the bitwise ops. Each follows onnxruntime where it and the ONNX text differ (noted where so).
+Shapes, axes, depths and sizes must be constants, as for the other ops."""
 
 from __future__ import annotations
 
