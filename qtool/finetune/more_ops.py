@@ -7,7 +7,8 @@ RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization), ReduceLogSum
 data movement (DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd,
 EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
 RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, the two classification losses, Det, the
-window ops and the bitwise ops. Each follows onnxruntime where it and the ONNX text differ (noted where so).
+window ops and the bitwise ops. Each computes what onnxruntime does (one exception, MeanVarianceNormalization
+of a constant channel: 0 as ONNX defines it, where onnxruntime divides 0 by 0).
 Shapes, axes, depths and sizes must be constants, as for the other ops."""
 
 from __future__ import annotations
