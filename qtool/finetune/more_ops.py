@@ -6,7 +6,7 @@ Tan and the inverse and hyperbolic trigonometry, IsInf, Hardmax, normalizations 
 RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool,
 data movement (DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd,
 EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
-RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, the two classification losses, Det, the
+RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, RoiAlign, the two classification losses, Det, the
 window ops and the bitwise ops. Each computes what onnxruntime does (one exception, MeanVarianceNormalization
 of a constant channel: 0 as ONNX defines it, where onnxruntime divides 0 by 0).
 Shapes, axes, depths and sizes must be constants, as for the other ops."""
@@ -824,3 +824,58 @@ def _deform_conv(ctx, node, inputs):
     y = jnp.einsum("nijhwgc,gocij->ngohw", taps, wg, precision=lax.Precision.HIGHEST)
     y = jnp.reshape(y, (n, -1, oh, ow))
     return [y if b is None else y + jnp.reshape(b, (1, -1, 1, 1))]
+
+
+def _roi_axis(start, size: float, bins: int, grid: int, length: int):
+    """RoiAlign's sample positions along one axis, [R, bins, grid], as onnxruntime clamps them: the low and
+    high pixels, the high pixel's weight, and whether the sample is inside (``-1 <= v <= length``)."""
+    step = size / bins
+    v = start[:, None, None] + np.arange(bins)[None, :, None] * step[:, None, None] \
+        + (np.arange(grid)[None, None, :] + 0.5) * (step / grid)[:, None, None]
+    inside = (v >= -1.0) & (v <= length)
+    v = jnp.maximum(v, 0)
+    low = jnp.floor(v).astype(jnp.int32)
+    edge = low >= length - 1
+    low = jnp.where(edge, length - 1, low)
+    high = jnp.where(edge, length - 1, low + 1)
+    frac = jnp.where(edge, jnp.zeros_like(v), v - low)
+    return low, high, frac, inside
+
+
+@op("RoiAlign")
+def _roi_align(ctx, node, inputs):
+    """RoiAlign with a fixed ``sampling_ratio`` (> 0; 0, the adaptive count, depends on each box's size):
+    ``avg`` or onnxruntime's ``max`` (the largest weighted corner over the samples), ``half_pixel`` (opset
+    16's default) or ``output_half_pixel``, ``spatial_scale``; samples outside the map count 0."""
+    x, rois, batch = jnp.asarray(inputs[0]), jnp.asarray(inputs[1]), jnp.asarray(inputs[2]).astype(jnp.int32)
+    grid = int(node.attr("sampling_ratio", 0))
+    if grid <= 0:
+        raise QtoolError(f"node {node.label()}: RoiAlign with sampling_ratio 0 (a sample count per box that "
+                         "depends on the box) is not supported by the JAX interpreter; a fixed sampling_ratio is")
+    oh, ow = int(node.attr("output_height", 1)), int(node.attr("output_width", 1))
+    half = node.attr("coordinate_transformation_mode", "half_pixel" if node.opset >= 16 else "output_half_pixel")
+    scale = _f32(node, "spatial_scale", 1.0)
+    shift = np.float32(0.5 if half == "half_pixel" else 0.0)
+    box = rois * scale - shift  # x1, y1, x2, y2
+    width, height = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+    if half != "half_pixel":
+        width, height = jnp.maximum(width, 1.0), jnp.maximum(height, 1.0)
+    h, w = x.shape[2:]
+    ylo, yhi, ly, yin = _roi_axis(box[:, 1], height, oh, grid, h)  # [R, oh, grid]
+    xlo, xhi, lx, xin = _roi_axis(box[:, 0], width, ow, grid, w)  # [R, ow, grid]
+    xt = jnp.moveaxis(x, 1, -1)  # [N, H, W, C]
+    b = batch[:, None, None, None, None]
+    inside = (yin[:, :, :, None, None] & xin[:, None, None, :, :])[..., None]
+
+    def corner(yi, xi, weight):  # [R, oh, grid, ow, grid, C]
+        pixels = xt[b, yi[:, :, :, None, None], xi[:, None, None, :, :]]
+        return jnp.where(inside, weight[..., None] * pixels, jnp.zeros((), x.dtype))
+
+    wy = [(ylo, 1 - ly), (yhi, ly)]
+    wx = [(xlo, 1 - lx), (xhi, lx)]
+    values = [corner(yi, xi, a[:, :, :, None, None] * c[:, None, None, :, :]) for yi, a in wy for xi, c in wx]
+    if node.attr("mode", "avg") == "max":
+        y = jnp.max(jnp.maximum(jnp.maximum(values[0], values[1]), jnp.maximum(values[2], values[3])), axis=(2, 4))
+    else:
+        y = jnp.sum(values[0] + values[1] + values[2] + values[3], axis=(2, 4)) / np.float32(grid * grid)
+    return [jnp.moveaxis(y, -1, 1)]

@@ -8,9 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from qtool.errors import QtoolError
 from qtool.finetune.interpreter import Interpreter
 
 RNG = np.random.default_rng(7)
@@ -526,3 +528,24 @@ def test_deform_conv_offset_gradient():
     consts["o"] = _r(1, 8, 3, 4)
     _check("DeformConv", {"m": _r(1, 4, 3, 4, lo=0.0, hi=1.0)}, consts, {"kernel_shape": [2, 2]}, opset=19,
            order=["x", "w", "o", "", "m"], tol=2e-5)
+
+
+@_batch
+def test_roi_align():
+    """RoiAlign with a fixed sampling_ratio: avg and max, half_pixel (opset 16) and output_half_pixel (opset 10's
+    only mode), spatial_scale, boxes past the map and smaller than a pixel; the gradient for the map (avg)."""
+    rois = np.asarray([[0.5, 1.0, 6.0, 5.5], [-3.0, -2.0, 4.0, 9.5], [2.2, 2.2, 2.6, 2.5]], np.float32)
+    consts = {"r": rois, "b": _i([1, 0, 1])}
+    for mode, half, opset, ratio, scale in (("avg", "half_pixel", 16, 2, 1.0), ("avg", None, 10, 1, 0.5),
+                                            ("max", "output_half_pixel", 16, 2, 1.0), ("max", None, 16, 3, 0.8)):
+        attrs = {"mode": mode, "output_height": 2, "output_width": 3, "sampling_ratio": ratio, "spatial_scale": scale}
+        if half:
+            attrs["coordinate_transformation_mode"] = half
+        _check("RoiAlign", {"x": _r(2, 3, 6, 7)}, consts, attrs, opset=opset, grad=mode == "avg", tol=2e-5)
+
+
+def test_roi_align_adaptive_sampling_is_refused_naming_the_node():
+    model = _model("RoiAlign", {"x": _r(1, 2, 4, 4)}, {"r": np.zeros((1, 4), np.float32), "b": _i([0])}, {}, 16,
+                   ["x", "r", "b"], np.float32, ["y"])
+    with pytest.raises(QtoolError, match=r"RoiAlign_0.*sampling_ratio 0.*fixed sampling_ratio"):
+        Interpreter(model).run({"x": jnp.zeros((1, 2, 4, 4))})
