@@ -6,10 +6,10 @@ Tan and the inverse and hyperbolic trigonometry, IsInf, Hardmax, normalizations 
 RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool,
 data movement (DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd,
 EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
-RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, RoiAlign, the two classification losses, Det, the
-window ops and the bitwise ops. Each computes what onnxruntime does (one exception, MeanVarianceNormalization
-of a constant channel: 0 as ONNX defines it, where onnxruntime divides 0 by 0).
-Shapes, axes, depths and sizes must be constants, as for the other ops."""
+RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, RoiAlign, MaxRoiPool, the two
+classification losses, Det, the window ops and the bitwise ops. Each computes what onnxruntime does (one
+exception, MeanVarianceNormalization of a constant channel: 0 as ONNX defines it, where onnxruntime divides
+0 by 0). Shapes, axes, depths and sizes must be constants, as for the other ops."""
 
 from __future__ import annotations
 
@@ -879,3 +879,29 @@ def _roi_align(ctx, node, inputs):
     else:
         y = jnp.sum(values[0] + values[1] + values[2] + values[3], axis=(2, 4)) / np.float32(grid * grid)
     return [jnp.moveaxis(y, -1, 1)]
+
+
+@op("MaxRoiPool")
+def _max_roi_pool(ctx, node, inputs):
+    """Fast R-CNN's RoI max pooling as onnxruntime computes it: each box ([batch, x1, y1, x2, y2], scaled and
+    rounded half away from zero) split into ``pooled_shape`` bins of whole pixels; an empty bin gives 0."""
+    x, rois = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    ph, pw = (int(v) for v in node.attr("pooled_shape"))
+    scaled = rois[:, 1:] * _f32(node, "spatial_scale", 1.0)
+    x1, y1, x2, y2 = (jnp.sign(v) * jnp.floor(jnp.abs(v) + 0.5) for v in scaled.T)
+    h, w = x.shape[2:]
+
+    def bins(start, end, count: int, length: int):  # [R, count, length]: the pixels of each bin
+        size = jnp.maximum(end - start + 1, 1) / count
+        i = np.arange(count)[None, :]
+        lo = jnp.clip(jnp.floor(i * size[:, None]) + start[:, None], 0, length)
+        hi = jnp.clip(jnp.ceil((i + 1) * size[:, None]) + start[:, None], 0, length)
+        pixel = np.arange(length)[None, None, :]
+        return (pixel >= lo[..., None]) & (pixel < hi[..., None])
+
+    rows, cols = bins(y1, y2, ph, h), bins(x1, x2, pw, w)
+    inside = rows[:, :, None, :, None] & cols[:, None, :, None, :]  # [R, ph, pw, H, W]
+    maps = x[jnp.asarray(rois[:, 0]).astype(jnp.int32)]  # [R, C, H, W]
+    masked = jnp.where(inside[:, None], maps[:, :, None, None], -jnp.inf)
+    y = jnp.max(masked, axis=(-2, -1))
+    return [jnp.where(jnp.any(inside, axis=(-2, -1))[:, None], y, jnp.zeros((), x.dtype))]

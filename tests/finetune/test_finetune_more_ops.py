@@ -549,3 +549,12 @@ def test_roi_align_adaptive_sampling_is_refused_naming_the_node():
                    ["x", "r", "b"], np.float32, ["y"])
     with pytest.raises(QtoolError, match=r"RoiAlign_0.*sampling_ratio 0.*fixed sampling_ratio"):
         Interpreter(model).run({"x": jnp.zeros((1, 2, 4, 4))})
+
+
+@_batch
+def test_max_roi_pool():
+    """MaxRoiPool: boxes past the map, a box on a half pixel (rounded away from zero), bins of unequal sizes,
+    spatial_scale; the gradient for the map."""
+    rois = np.asarray([[1, 0.5, 1.0, 5.0, 4.5], [0, -3.0, -2.0, 4.0, 9.5], [1, 2.5, 2.2, 2.6, 2.5]], np.float32)
+    for attrs in ({"pooled_shape": [2, 3]}, {"pooled_shape": [3, 2], "spatial_scale": 0.5}):
+        _check("MaxRoiPool", {"x": _r(2, 3, 6, 7)}, {"r": rois}, attrs, opset=13)
