@@ -401,7 +401,7 @@ def _attention_case(attrs, three_d, past, mask, nonpad):
     """Attention (opset 24): 4-D and 3-D (grouped-query heads), causal with and without a past cache, boolean
     (a fully masked row: 0), additive and short masks (padded; onnxruntime refuses them, ONNX's reference
     implementation is the check), nonpad_kv_seqlen, scale and softcap, the present cache and every
-    qk_matmul_output_mode; the gradient for Q."""
+    qk_matmul_output_mode; the gradient for Q (no mask, boolean masks)."""
     b, hq, hk, s, kv, d = 2, 2, 2, 3, 4, 4
     if three_d:
         hq, hk = attrs["q_num_heads"], attrs["kv_num_heads"]
@@ -428,7 +428,7 @@ def _attention_case(attrs, three_d, past, mask, nonpad):
     while not outputs[-1]:
         outputs.pop()
     _check("Attention", inputs, attrs=attrs, opset=24, order=names, tol=2e-5, outputs=outputs,
-           reference="onnx" if mask == "short" else None)
+           reference="onnx" if mask == "short" else None, grad=mask == "bool" or not attrs)
 
 
 def test_rotary_embedding():
@@ -505,7 +505,7 @@ def test_deform_conv():
 
 def _deform_case(attrs, groups, offset_groups, with_mask):
     """DeformConv (v1; v2 with a mask): strides, pads, dilations, groups, offset groups; offsets large enough
-    to read outside the image; the gradient for the input."""
+    to read outside the image; the gradient for the input (v1; the offsets' and mask's: below)."""
     x, w = _r(2, 4, 5, 6), _r(6, 4 // groups, 3, 2)
     strides, pads, dil = attrs.get("strides", [1, 1]), attrs.get("pads", [0] * 4), attrs.get("dilations", [1, 1])
     oh = (5 + pads[0] + pads[2] - (3 - 1) * dil[0] - 1) // strides[0] + 1
@@ -514,7 +514,7 @@ def _deform_case(attrs, groups, offset_groups, with_mask):
     if with_mask:
         consts["m"] = _r(2, offset_groups * 3 * 2, oh, ow, lo=0.0, hi=1.0)
     attrs = {**attrs, "group": groups, "offset_group": offset_groups, "kernel_shape": [3, 2]}
-    _check("DeformConv", {"x": x}, consts, attrs, opset=19, tol=2e-5)
+    _check("DeformConv", {"x": x}, consts, attrs, opset=19, tol=2e-5, grad=groups == 1 and not with_mask)
 
 
 @_batch
