@@ -1437,3 +1437,6 @@ class Interpreter:
             local[name] = value
         self._run_nodes(fn.nodes, local, ctx, attrs)
         return [local[o] for o in fn.outputs]
+
+
+from qtool.finetune import more_ops  # noqa: E402,F401 - registers more standard ops (it imports this module)
