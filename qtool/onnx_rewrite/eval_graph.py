@@ -32,7 +32,7 @@ beyond the rounding of an int32 bias:
   kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
   optimizations fuse MatMul + Add into a Gemm and quantize its float bias
   that way themselves, so leaving it float made the results depend on the
-  optimization level (only where it makes that Gemm: ``_becomes_gemm``). A
+  optimization level (only where it makes that Gemm: ``becomes_gemm``). A
   qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
@@ -76,7 +76,6 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels, symmetric_int8_codes
 from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
@@ -90,7 +89,7 @@ from qtool.onnx_rewrite.kernel_forms import (
     tile_gates,
 )
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
-from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
+from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN, becomes_gemm
 
 _INT32 = np.iinfo(np.int32)
 
@@ -565,7 +564,7 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
     optimizations, unless the eval graph stores it as int32). None: no bias, or a MatMul onnxruntime
     keeps as a MatMul (its float bias Add is exact there, and an int32 one costs a node per layer)."""
     if layer.op_type == "MatMul":
-        if bias_add is None or len(bias_add.inputs) != 2 or not _becomes_gemm(layer):
+        if bias_add is None or len(bias_add.inputs) != 2 or not becomes_gemm(layer):
             return None
         for i, v in enumerate(bias_add.inputs):
             if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:
@@ -573,26 +572,6 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
         return None
     bias = layer_bias(layer)
     return None if bias is None else (layer, 2)
-
-
-def _becomes_gemm(matmul: ir.Node) -> bool:
-    """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
-    MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
-    a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
-    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
-    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
-    int32 bias is then what the optimized session computes, optimizations on or off)."""
-    x = matmul.inputs[0] if matmul.inputs else None
-    if x is None:
-        return True
-    if x.shape is not None:
-        shape = tuple(d if isinstance(d, int) else None for d in x.shape)
-    else:
-        graph = matmul.graph
-        shape = inferred_shapes(graph).get(x.name) if graph is not None else None
-    if shape is None:
-        return True
-    return len(shape) <= 2 or all(d is not None for d in shape)
 
 
 class QuantizeBias:
