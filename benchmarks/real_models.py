@@ -1655,7 +1655,7 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn}
 
 
-def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
+def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
@@ -1665,7 +1665,7 @@ def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
     np.savez(f"{tmp}/calib.npz", **case.calib)
     paths, notes = {"float": str(case.path)}, []
     summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz",
-                           calibration=CalibrationConfig(batch_size=case.batch_size))
+                           calibration=CalibrationConfig(method=method, batch_size=case.batch_size))
     paths["qtool"] = f"{tmp}/qtool.onnx"
     counts = summary.counts()
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "
@@ -1710,6 +1710,7 @@ def main() -> None:
     parser.add_argument("wheels", type=Path, help="folder the wheels are unzipped into")
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--calibration-method", default="minmax", help="qtool's (rewrite-eval's default: minmax)")
     parser.add_argument("--ort-opset", type=int, default=None,
                         help="convert a model below this opset with onnx's version converter before onnxruntime's "
                              "quantize_static (which writes invalid models below 13); qtool reads the model as is")
@@ -1717,7 +1718,7 @@ def main() -> None:
     print("| model | float ms | qtool x float | qtool agreement | ort x float | ort agreement |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset)
+        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset, args.calibration_method)
         (qx, qa), (ox, oa) = _cell(row, "qtool"), _cell(row, "ort")
         print(f"| {row['model']} | {row['float_ms']:.2f} | {qx} | {qa} | {ox} | {oa} |", flush=True)
         for note in row["notes"]:
