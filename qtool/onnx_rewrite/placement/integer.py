@@ -384,7 +384,8 @@ class UnreadQuantizers(PlacementRule):
     - a MatMul chain's output (TF's quantizer after the bias Add): with a symbolic batch onnxruntime
       runs ``DQ -> MatMul -> Add(bias)`` as MatMulIntegerToFloat with the bias folded in; a pair on its
       output read by float ops (GELU's Div/Erf, LayerNormalization) made it 0.66x float against
-      0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias);
+      0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias); not where onnxruntime would make the
+      MatMul a float Gemm with another computed tensor as its bias (``_fused_into_float_gemm``);
     - an Add/Mul with a float constant operand (TF's rule 4 counts a constant as quantized): there is no
       QLinearAdd/QLinearMul for it unless the constant is a scalar, and then only an integer reader
       makes it pay (GELU written out starts with ``x * 0.5``: a pair there would split the GELU);
