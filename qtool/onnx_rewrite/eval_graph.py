@@ -647,6 +647,36 @@ class QuantizeBias:
             entry["saturated"] = saturated
         return entry
 
+    def _widen_weight_scales(self, layer: ir.Node, b: np.ndarray, over: np.ndarray) -> int | None:
+        """A channel whose bias does not fit int32 at ``input_scale * weight_scale`` has tiny weights beside its
+        bias (a batch norm's dead channel folded in: SINet's first Conv, gamma -5e-5 and variance 3e-11; its bias
+        0.26 saturated to 1e-4). Its weight scale becomes ``|b| / (input_scale * (2**31 - 1))`` (with a margin
+        of one part in 2**20) and its codes are re-encoded on it (they round to 0 or a few steps); the other
+        channels are untouched. Only for qtool's own symmetric per-channel weight, one scale per bias value;
+        returns how many channels were widened, or None."""
+        w_scale, axis = self.encoder.weight_scales[id(layer)]
+        dq = layer_weight(layer).producer() if layer_weight(layer) is not None else None
+        if axis is None or dq is None or np.size(w_scale) != b.size or len(dq.inputs) < 3:
+            return None
+        codes, scale, zero = (constant_array(v) for v in dq.inputs[:3])
+        if codes is None or scale is None or zero is None or np.any(zero != 0) or scale.shape != w_scale.shape:
+            return None
+        x_scale = np.float64(constant_array(_input_dq(layer).inputs[1]).reshape(-1)[0])
+        need = (np.abs(b.astype(np.float64)) / (x_scale * _INT32.max) * (1 + 2.0**-20)).astype(np.float32)
+        grow = over & (need > scale)
+        if not np.any(grow):
+            return None
+        new_scale = np.where(grow, need, scale).astype(np.float32)
+        shape = [1] * codes.ndim
+        shape[axis] = -1
+        ratio = (scale.astype(np.float64) / new_scale).reshape(shape)
+        limit = np.iinfo(codes.dtype).max
+        new_codes = np.clip(np.rint(codes * ratio), -limit, limit).astype(codes.dtype)
+        dq.inputs[0].const_value = ir.tensor(new_codes, name=dq.inputs[0].name)
+        dq.inputs[1].const_value = ir.tensor(new_scale, name=dq.inputs[1].name)
+        w_scale[...] = new_scale  # every layer reading this weight sees the new scales
+        return int(np.count_nonzero(grow))
+
     def _integers(self, layer: ir.Node, b: np.ndarray, b_scale: np.ndarray):
         """``(int32 values, scale, scale factor, saturated count)``; values None: bias left float."""
         # float32 division, rounded half to even: exactly what a training graph's qtool::FakeQuantBias
@@ -663,8 +693,18 @@ class QuantizeBias:
         # 99.6% (ORT_DISABLE_ALL) to 84% (default).
         if eight_bit_kernel_types(_input_dq(layer), layer_weight(layer)):
             # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32 bias at
-            # input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
+            # input_scale * weight_scale whatever the DQ's scale: widen the weight scale of the channels
+            # that need it (TFLite's AdjustWeightsForBiasScale), else saturate, as TFLite.
+            widened = self._widen_weight_scales(layer, b.reshape(-1), np.abs(q) > _INT32.max)
+            if widened is not None:
+                b_scale = self.scale(layer, b.size)
+                q = np.rint(b.astype(np.float32).reshape(-1) / b_scale).astype(np.float64)
+                self.encoder.result.notes.append(
+                    f"layer '{layer.name}': the weight scale of {widened} channel(s) widened so that their bias "
+                    "fits int32 at input_scale * weight_scale (a channel of tiny weights and a large bias)")
             saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))
+            if not saturated:
+                return q.astype(np.int32), b_scale, 1, 0
             self.encoder.result.notes.append(
                 f"layer '{layer.name}': {saturated} bias value(s) saturated to the int32 range "
                 "(the bias scale input_scale * weight_scale is too small for them)")
