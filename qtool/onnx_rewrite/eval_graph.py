@@ -134,8 +134,9 @@ def _tensor(array: np.ndarray, name: str, dtype: ir.DataType | None = None) -> i
 
 
 class EvalEncoder:
-    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int):
+    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int, trained: bool = False):
         self.graph = graph
+        self.trained = trained  # a qtool training graph: its FakeQuantBias saturates, so the deployed bias does
         self.plan = plan
         self.config = plan.config
         self.names = names
@@ -652,8 +653,9 @@ class QuantizeBias:
         bias (a batch norm's dead channel folded in: SINet's first Conv, gamma -5e-5 and variance 3e-11; its bias
         0.26 saturated to 1e-4). Its weight scale becomes ``|b| / (input_scale * (2**31 - 1))`` (with a margin
         of one part in 2**20) and its codes are re-encoded on it (they round to 0 or a few steps); the other
-        channels are untouched. Only for qtool's own symmetric per-channel weight, one scale per bias value;
-        returns how many channels were widened, or None."""
+        channels are untouched. Only for qtool's own symmetric per-channel weight, one scale per bias value, and
+        not for a qtool training graph (its ``qtool::FakeQuantBias`` saturates: train == eval); returns how many
+        channels were widened, or None."""
         w_scale, axis = self.encoder.weight_scales[id(layer)]
         dq = layer_weight(layer).producer() if layer_weight(layer) is not None else None
         if axis is None or dq is None or np.size(w_scale) != b.size or len(dq.inputs) < 3:
@@ -695,7 +697,8 @@ class QuantizeBias:
             # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32 bias at
             # input_scale * weight_scale whatever the DQ's scale: widen the weight scale of the channels
             # that need it (TFLite's AdjustWeightsForBiasScale), else saturate, as TFLite.
-            widened = self._widen_weight_scales(layer, b.reshape(-1), np.abs(q) > _INT32.max)
+            widened = None if self.encoder.trained else self._widen_weight_scales(layer, b.reshape(-1),
+                                                                                  np.abs(q) > _INT32.max)
             if widened is not None:
                 b_scale = self.scale(layer, b.size)
                 q = np.rint(b.astype(np.float32).reshape(-1) / b_scale).astype(np.float64)
@@ -726,6 +729,7 @@ class QuantizeBias:
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,
-                      ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
-    """Write ``plan`` into ``graph`` as Q/DQ (in place)."""
-    return EvalEncoder(graph, plan, names, opset).run(ranges)
+                      ranges: dict[str, tuple[float, float]] | None, trained: bool = False) -> EvalEncoding:
+    """Write ``plan`` into ``graph`` as Q/DQ (in place). ``trained``: the graph was a qtool training graph,
+    whose weights and biases deploy as they were trained (no weight scale is widened for a bias)."""
+    return EvalEncoder(graph, plan, names, opset, trained).run(ranges)

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from model_builders import Builder
-from qtool.api import rewrite_eval
+from qtool.api import rewrite_eval, rewrite_train
 from qtool.config import QuantConfig
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -172,3 +172,13 @@ def test_rewrite_eval_leaves_the_callers_ir_model_alone():
     # as rewriting from the path
     from_path = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz")).model
     assert ir.serde.serialize_model(result.model) == ir.serde.serialize_model(from_path)
+
+
+def test_a_training_graphs_overflowing_bias_saturates_as_it_was_trained():
+    """A qtool training graph's FakeQuantBias saturates such a bias: its eval graph keeps the trained weight scales
+    (train == eval) rather than widening them."""
+    proto, feeds = _tiny_conv(1e-4, 1e-4, np.array([3.0, -2.5, 0.0]))
+    trained = rewrite_train(proto, calibration_data=feeds).model
+    result = rewrite_eval(trained)
+    assert [e.get("saturated") for e in result.summary["biases"]] == [2]
+    assert not any("widened" in n for n in result.summary["notes"])
