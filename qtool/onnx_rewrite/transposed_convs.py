@@ -113,17 +113,19 @@ def convtransposes_as_convs(graph: ir.Graph, config: QuantConfig, names: NameSco
         weight, pads = phase_weight(w, s, list(node.attributes.get_ints("pads", [0, 0, 0, 0])))
         if weight.shape[2:] == (1, 1) and w.shape[0] < MIN_POINTWISE_CHANNELS:
             continue
-        base = names.prefix(node.name or "ConvTranspose", ["Conv", "DepthToSpace"], ["weight", "bias"])
+        base = names.prefix(node.name or "ConvTranspose", ["Conv", "DepthToSpace"], ["weight", "bias", "phases"])
         inputs = [node.inputs[0], new_initializer(graph, names, f"{base}/weight", weight)]
         if b is not None:
             inputs.append(new_initializer(graph, names, f"{base}/bias", np.repeat(b, s * s).astype(b.dtype)))
         conv = ir.node("Conv", inputs, {"kernel_shape": list(weight.shape[2:]), "pads": pads}, name=f"{base}/Conv")
+        conv.outputs[0].name = f"{base}/phases"  # named: calibrate's ranges file and rewrite-eval --ranges agree
         act = _only_activation(node.outputs[0]) if s > 1 else None
         last, new = node.outputs[0], [conv]
         if act is not None:  # Conv -> activation -> DepthToSpace: the activation stays in the Conv's chain
             last = act.outputs[0]
             moved = ir.node(act.op_type, [conv.outputs[0], *act.inputs[1:]], dict(act.attributes.items()),
                             name=names.node(f"{act.name or act.op_type}/before_DepthToSpace"))
+            moved.outputs[0].name = names.value(f"{act.name or act.op_type}/before_DepthToSpace")
             new.append(moved)
         if s > 1:
             new.append(ir.node("DepthToSpace", [new[-1].outputs[0]], {"blocksize": s, "mode": "CRD"},

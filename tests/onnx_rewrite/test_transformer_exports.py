@@ -11,6 +11,7 @@ from model_builders import RNG, Builder, run, x_data
 from test_placement_integer import check_integer
 
 import qtool
+from qtool.api import calibrate
 from qtool.config import QuantConfig
 from qtool.model.names import NameScope
 from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
@@ -89,6 +90,22 @@ def test_a_keras_same_conv_transpose_at_opset_7_upsamples_in_integers(tmp_path):
     assert ops["QLinearConv"] == 3 and result.summary["counts"]["convtransposes_as_convs"] == 1
     conv = next(n for n in result.model.graph if n.op_type == "Conv" and "ConvTranspose" in n.name)
     assert list(conv.attributes.get_ints("kernel_shape")) == [2, 2]
+
+
+def test_calibrate_then_ranges_writes_what_the_data_writes_below_opset_11():
+    """The Conv + DepthToSpace form needs opset 11, which rewrite-eval raises a keras2onnx model (opset 7) to
+    before planning: calibrate planned on the model as given, so its ranges file lacked the Conv's tensors and
+    ``rewrite-eval --ranges`` refused it (prisma-net)."""
+    b = Builder(opset=7, named=False)
+    x = b.input("x", ["N", 8, 6, 6])
+    up = b.node("Relu", [b.node("ConvTranspose", [b.node("Relu", [b.conv(x, 8, 8)]), b.const(
+        (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)), b.const(np.zeros(4, np.float32))],
+        kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])])
+    proto, data = b.proto([b.conv(up, 4, 4)]), {"x": x_data(8, 8, 6, 6)}
+    ranges = calibrate(proto, data).ranges
+    assert any(name.endswith("/phases") or "before_DepthToSpace" in name for name in ranges)
+    given, observed = qtool.rewrite_eval(proto, ranges=ranges), qtool.rewrite_eval(proto, calibration_data=data)
+    assert ir.serde.serialize_model(given.model) == ir.serde.serialize_model(observed.model)
 
 
 def test_a_training_graph_keeps_its_conv_transposes():
