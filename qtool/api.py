@@ -44,7 +44,7 @@ from qtool.onnx_rewrite.branches import (
     if_branches,
     outer_reads,
 )
-from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_branch, prepare_eval
+from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_branch, prepare_eval, raise_opset
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate import latency
@@ -427,7 +427,8 @@ def _only_rewrite_eval_chooses(calibration: CalibrationConfig, what: str) -> Non
 def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: CalibrationConfig, progress):
     _only_rewrite_eval_chooses(calibration, "a ranges file" if tensors is None else "a calibration")
     whole, planned = [], tensors is None
-    if planned:
+    if planned:  # at the opset rewrite-eval raises it to: its rewrites (a ConvTranspose as Conv) depend on it
+        ir_model = raise_opset(ir_model, quant)
         plan = fold_and_plan(ir_model, quant)[2]
         tensors, whole = plan.tensors_to_calibrate(), plan.whole_range_tensors()
     loaded = load_calibration_data(data, input_specs(ir_model))

@@ -103,7 +103,7 @@ def parse_ranges(doc, label: str = "ranges") -> dict[str, tuple[float, float] | 
                 raise QtoolError(f"{label}: tensor '{name}' needs \"min\" and \"max\"")
             out[name] = _pair(r["min"], r["max"], f"{label}: tensor '{name}'")
         return out
-    data = doc.get("data") if doc.get("CLS") == "TensorsData" else doc
+    data = _cache_entries(doc)
     if not isinstance(data, Mapping):
         raise QtoolError(f"{label}: not a qtool ranges file or an onnxruntime calibration cache")
     for name, r in data.items():
@@ -138,9 +138,16 @@ def read_ranges(source) -> GivenRanges:
     if isinstance(doc, Mapping) and doc.get("format") == FORMAT:
         quantization = doc.get("quantization") if isinstance(doc.get("quantization"), Mapping) else {}
         return GivenRanges(ranges, "qtool", dict(quantization), label)
-    fmt = "onnxruntime" if isinstance(doc, Mapping) and any(
-        isinstance(r, Mapping) and "lowest" in r for r in (doc.get("data", doc) or {}).values()) else "mapping"
+    entries = _cache_entries(doc) if isinstance(doc, Mapping) else None
+    fmt = "onnxruntime" if isinstance(entries, Mapping) and any(
+        isinstance(r, Mapping) and "lowest" in r for r in entries.values()) else "mapping"
     return GivenRanges(ranges, fmt, {}, label)
+
+
+def _cache_entries(doc: Mapping):
+    """The tensor entries of an onnxruntime calibration cache: under ``data`` in its ``TensorsData`` form, else
+    the document itself (a mapping of ranges may name a tensor ``data``: SINet's input)."""
+    return doc.get("data") if doc.get("CLS") == "TensorsData" else doc
 
 
 def _read_json(path: str):

@@ -32,7 +32,7 @@ beyond the rounding of an int32 bias:
   kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
   optimizations fuse MatMul + Add into a Gemm and quantize its float bias
   that way themselves, so leaving it float made the results depend on the
-  optimization level (only where it makes that Gemm: ``_becomes_gemm``). A
+  optimization level (only where it makes that Gemm: ``becomes_gemm``). A
   qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
@@ -76,7 +76,6 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels, symmetric_int8_codes
 from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
@@ -90,7 +89,7 @@ from qtool.onnx_rewrite.kernel_forms import (
     tile_gates,
 )
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
-from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN
+from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN, becomes_gemm
 
 _INT32 = np.iinfo(np.int32)
 
@@ -135,8 +134,9 @@ def _tensor(array: np.ndarray, name: str, dtype: ir.DataType | None = None) -> i
 
 
 class EvalEncoder:
-    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int):
+    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int, trained: bool = False):
         self.graph = graph
+        self.trained = trained  # a qtool training graph: its FakeQuantBias saturates, so the deployed bias does
         self.plan = plan
         self.config = plan.config
         self.names = names
@@ -565,7 +565,7 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
     optimizations, unless the eval graph stores it as int32). None: no bias, or a MatMul onnxruntime
     keeps as a MatMul (its float bias Add is exact there, and an int32 one costs a node per layer)."""
     if layer.op_type == "MatMul":
-        if bias_add is None or len(bias_add.inputs) != 2 or not _becomes_gemm(layer):
+        if bias_add is None or len(bias_add.inputs) != 2 or not becomes_gemm(layer):
             return None
         for i, v in enumerate(bias_add.inputs):
             if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:
@@ -573,26 +573,6 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
         return None
     bias = layer_bias(layer)
     return None if bias is None else (layer, 2)
-
-
-def _becomes_gemm(matmul: ir.Node) -> bool:
-    """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
-    MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
-    a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
-    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
-    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
-    int32 bias is then what the optimized session computes, optimizations on or off)."""
-    x = matmul.inputs[0] if matmul.inputs else None
-    if x is None:
-        return True
-    if x.shape is not None:
-        shape = tuple(d if isinstance(d, int) else None for d in x.shape)
-    else:
-        graph = matmul.graph
-        shape = inferred_shapes(graph).get(x.name) if graph is not None else None
-    if shape is None:
-        return True
-    return len(shape) <= 2 or all(d is not None for d in shape)
 
 
 class QuantizeBias:
@@ -668,6 +648,37 @@ class QuantizeBias:
             entry["saturated"] = saturated
         return entry
 
+    def _widen_weight_scales(self, layer: ir.Node, b: np.ndarray, over: np.ndarray) -> int | None:
+        """A channel whose bias does not fit int32 at ``input_scale * weight_scale`` has tiny weights beside its
+        bias (a batch norm's dead channel folded in: SINet's first Conv, gamma -5e-5 and variance 3e-11; its bias
+        0.26 saturated to 1e-4). Its weight scale becomes ``|b| / (input_scale * (2**31 - 1))`` (with a margin
+        of one part in 2**20) and its codes are re-encoded on it (they round to 0 or a few steps); the other
+        channels are untouched. Only for qtool's own symmetric per-channel weight, one scale per bias value, and
+        not for a qtool training graph (its ``qtool::FakeQuantBias`` saturates: train == eval); returns how many
+        channels were widened, or None."""
+        w_scale, axis = self.encoder.weight_scales[id(layer)]
+        dq = layer_weight(layer).producer() if layer_weight(layer) is not None else None
+        if axis is None or dq is None or np.size(w_scale) != b.size or len(dq.inputs) < 3:
+            return None
+        codes, scale, zero = (constant_array(v) for v in dq.inputs[:3])
+        if codes is None or scale is None or zero is None or np.any(zero != 0) or scale.shape != w_scale.shape:
+            return None
+        x_scale = np.float64(constant_array(_input_dq(layer).inputs[1]).reshape(-1)[0])
+        need = (np.abs(b.astype(np.float64)) / (x_scale * _INT32.max) * (1 + 2.0**-20)).astype(np.float32)
+        grow = over & (need > scale)
+        if not np.any(grow):
+            return None
+        new_scale = np.where(grow, need, scale).astype(np.float32)
+        shape = [1] * codes.ndim
+        shape[axis] = -1
+        ratio = (scale.astype(np.float64) / new_scale).reshape(shape)
+        limit = np.iinfo(codes.dtype).max
+        new_codes = np.clip(np.rint(codes * ratio), -limit, limit).astype(codes.dtype)
+        dq.inputs[0].const_value = ir.tensor(new_codes, name=dq.inputs[0].name)
+        dq.inputs[1].const_value = ir.tensor(new_scale, name=dq.inputs[1].name)
+        w_scale[...] = new_scale  # every layer reading this weight sees the new scales
+        return int(np.count_nonzero(grow))
+
     def _integers(self, layer: ir.Node, b: np.ndarray, b_scale: np.ndarray):
         """``(int32 values, scale, scale factor, saturated count)``; values None: bias left float."""
         # float32 division, rounded half to even: exactly what a training graph's qtool::FakeQuantBias
@@ -684,8 +695,19 @@ class QuantizeBias:
         # 99.6% (ORT_DISABLE_ALL) to 84% (default).
         if eight_bit_kernel_types(_input_dq(layer), layer_weight(layer)):
             # onnxruntime may fuse the layer into QLinearConv/QGemm, which reads the int32 bias at
-            # input_scale * weight_scale whatever the DQ's scale: saturate, as TFLite.
+            # input_scale * weight_scale whatever the DQ's scale: widen the weight scale of the channels
+            # that need it (TFLite's AdjustWeightsForBiasScale), else saturate, as TFLite.
+            widened = None if self.encoder.trained else self._widen_weight_scales(layer, b.reshape(-1),
+                                                                                  np.abs(q) > _INT32.max)
+            if widened is not None:
+                b_scale = self.scale(layer, b.size)
+                q = np.rint(b.astype(np.float32).reshape(-1) / b_scale).astype(np.float64)
+                self.encoder.result.notes.append(
+                    f"layer '{layer.name}': the weight scale of {widened} channel(s) widened so that their bias "
+                    "fits int32 at input_scale * weight_scale (a channel of tiny weights and a large bias)")
             saturated = int(np.count_nonzero(np.abs(q) > _INT32.max))
+            if not saturated:
+                return q.astype(np.int32), b_scale, 1, 0
             self.encoder.result.notes.append(
                 f"layer '{layer.name}': {saturated} bias value(s) saturated to the int32 range "
                 "(the bias scale input_scale * weight_scale is too small for them)")
@@ -707,6 +729,7 @@ class QuantizeBias:
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,
-                      ranges: dict[str, tuple[float, float]] | None) -> EvalEncoding:
-    """Write ``plan`` into ``graph`` as Q/DQ (in place)."""
-    return EvalEncoder(graph, plan, names, opset).run(ranges)
+                      ranges: dict[str, tuple[float, float]] | None, trained: bool = False) -> EvalEncoding:
+    """Write ``plan`` into ``graph`` as Q/DQ (in place). ``trained``: the graph was a qtool training graph,
+    whose weights and biases deploy as they were trained (no weight scale is widened for a bias)."""
+    return EvalEncoder(graph, plan, names, opset, trained).run(ranges)

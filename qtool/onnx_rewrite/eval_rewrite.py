@@ -156,6 +156,6 @@ def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | Non
     """Write the plan into the model as Q/DQ with ``ranges`` (None: TF's default ranges)."""
     model = prepared.model
     encoding = encode_eval_graph(model.graph, prepared.plan, prepared.names, opset=default_opset(model),
-                                 ranges=ranges)
+                                 ranges=ranges, trained=prepared.trained is not None)
     clamp_ir_version(model)
     return encoding

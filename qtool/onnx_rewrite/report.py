@@ -402,8 +402,8 @@ def _affine_lines(c: dict) -> list[str]:
         lines.append(f"  weights folded         {c['weight_expressions_folded']}  (computed in the graph from constants "
                      "by Slice/Concat/...: now initializers)")
     if c.get("convtransposes_as_convs"):
-        lines.append(f"  ConvTranspose as Conv  {c['convtransposes_as_convs']}  (+ DepthToSpace: onnxruntime has no "
-                     "integer ConvTranspose)")
+        lines.append(f"  ConvTranspose as Conv  {c['convtransposes_as_convs']}  (+ DepthToSpace where strided: "
+                     "onnxruntime has no integer ConvTranspose)")
     if folded or skipped:
         lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
                      "into its weight and bias)")

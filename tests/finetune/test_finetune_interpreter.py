@@ -271,6 +271,11 @@ def test_data_movement():
     _check("Trilu", {"x": _r(2, 5, 5)}, {"k": np.asarray(1, np.int64)}, opset=14)
     _check("Trilu", {"x": _r(2, 4, 6)}, {"k": np.asarray(-1, np.int64)}, {"upper": 0}, opset=14)
     _check("Trilu", {"x": _r(4, 6)}, opset=14)
+    # a streaming cache written in place (GTCRN: cache[:, :, a:b] = x, exported as ScatterND), negative indices
+    _check("ScatterND", {"x": _r(2, 3, 4), "u": _r(2, 2, 4)},
+           {"i": np.asarray([[[0, 1], [1, -1]], [[1, 0], [0, 0]]], np.int64)}, input_order=["x", "i", "u"], opset=13)
+    _check("ScatterND", {"x": _r(4, 3), "u": _r(2, 3)}, {"i": np.asarray([[1], [3]], np.int64)},
+           {"reduction": "add"}, input_order=["x", "i", "u"], opset=16)
 
 
 @pytest.mark.parametrize("op_type, attrs, opset", [

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from model_builders import Builder
-from qtool.api import rewrite_eval
+from qtool.api import rewrite_eval, rewrite_train
 from qtool.config import QuantConfig
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -121,10 +121,34 @@ def test_overflowing_bias_without_integer_kernels_keeps_its_value():
     np.testing.assert_allclose(default, ref, atol=1e-3)
 
 
-def test_overflowing_bias_with_int8_kernels_saturates_consistently():
+def test_overflowing_bias_with_int8_kernels_widens_those_channels_weight_scales():
+    """TFLite's AdjustWeightsForBiasScale: a channel whose bias does not fit int32 at input_scale * weight_scale
+    (SINet's first Conv: a batch norm's dead channel, tiny weights, bias 0.26) gets the weight scale that makes it
+    fit; its codes are re-encoded on it, the other channel keeps its scale, and the output keeps the bias."""
     bias = np.array([3.0, -2.5, 0.0])
     proto, feeds = _tiny_conv(1e-4, 1e-4, bias)
+    ref = session(proto).run(None, feeds)[0]
     result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(weight_bits=8, activation_bits=8))
+    (entry,) = result.summary["biases"]
+    assert "saturated" not in entry and "scale_factor" not in entry
+    assert any("weight scale of 2 channel(s) widened" in n for n in result.summary["notes"])
+    (weight,) = [w for w in result.summary["weights"] if w["layers"] == ["c/Conv"]]
+    inits = result.model.graph.initializers
+    scale = inits[f"{weight['quantizer']}/scale"].const_value.numpy()
+    assert scale[0] > 100 * scale[2] and scale[1] > 100 * scale[2]
+    q = inits["c/bias_quant/quantized"].const_value.numpy()
+    assert np.all(np.abs(q) < np.iinfo(np.int32).max)
+    plain, default = _check_default_matches_disable_all(result.model, feeds)
+    (step,) = [a["scale"] for a in result.summary["activations"] if a["tensor"] == "y"]
+    np.testing.assert_allclose(default, plain, atol=1.01 * step)
+    np.testing.assert_allclose(default, ref, atol=1.01 * step)
+
+
+def test_overflowing_bias_with_int8_kernels_and_per_tensor_weights_saturates_consistently():
+    bias = np.array([3.0, -2.5, 0.0])
+    proto, feeds = _tiny_conv(1e-4, 1e-4, bias)
+    result = rewrite_eval(proto, calibration_data=feeds,
+                          quant=QuantConfig(weight_bits=8, activation_bits=8, per_channel=False))
     (entry,) = result.summary["biases"]
     assert entry.get("saturated") == 2 and "scale_factor" not in entry
     assert any("saturated to the int32 range" in n for n in result.summary["notes"])
@@ -148,3 +172,13 @@ def test_rewrite_eval_leaves_the_callers_ir_model_alone():
     # as rewriting from the path
     from_path = rewrite_eval(str(MODEL), calibration_data=str(SAMPLES / "calib.npz")).model
     assert ir.serde.serialize_model(result.model) == ir.serde.serialize_model(from_path)
+
+
+def test_a_training_graphs_overflowing_bias_saturates_as_it_was_trained():
+    """A qtool training graph's FakeQuantBias saturates such a bias: its eval graph keeps the trained weight scales
+    (train == eval) rather than widening them."""
+    proto, feeds = _tiny_conv(1e-4, 1e-4, np.array([3.0, -2.5, 0.0]))
+    trained = rewrite_train(proto, calibration_data=feeds).model
+    result = rewrite_eval(trained)
+    assert [e.get("saturated") for e in result.summary["biases"]] == [2]
+    assert not any("widened" in n for n in result.summary["notes"])

@@ -11,6 +11,7 @@ from model_builders import RNG, Builder, run, x_data
 from test_placement_integer import check_integer
 
 import qtool
+from qtool.api import calibrate
 from qtool.config import QuantConfig
 from qtool.model.names import NameScope
 from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
@@ -31,12 +32,15 @@ def upsampling(kernel, stride, pads, relu=False, group=1, channels=6, **attrs):
     ((2, 2), 2, [0, 0, 0, 0], 64),  # U-Net: a 1x1 Conv (from 64 channels)
     ((4, 2), 2, [0, 0, 2, 0], 6),  # pads that differ per side and per axis
     ((6, 3), 3, [2, 0, 1, 0], 6),  # stride 3
+    ((3, 3), 2, [0, 0, 1, 1], 6),  # Keras Conv2DTranspose(3, 2, "same") (keras2onnx's prisma-net): a 2x2 Conv
+    ((5, 3), 2, [1, 0, 2, 1], 6),  # kernels that are no multiple of the stride, on either axis
+    ((3, 3), 1, [1, 1, 1, 1], 6),  # stride 1, "same": the Conv alone
 ])
 def test_the_phase_form_computes_the_conv_transpose(kernel, stride, pads, channels):
     proto = upsampling(kernel, stride, pads, channels=channels)
     model = ir.serde.deserialize_model(proto)
     done = convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14)
-    assert len(done) == 1 and [n.op_type for n in model.graph] == ["Conv", "DepthToSpace"]
+    assert len(done) == 1 and [n.op_type for n in model.graph] == ["Conv"] + ["DepthToSpace"] * (stride > 1)
     feeds = {"x": x_data(2, channels, 5, 7)}
     want, got = run(proto, feeds, optimize=False)[0], run(model, feeds, optimize=False)[0]
     assert got.shape == want.shape == (2, 4, 5 * stride, 7 * stride)
@@ -46,9 +50,10 @@ def test_the_phase_form_computes_the_conv_transpose(kernel, stride, pads, channe
 @pytest.mark.parametrize("kernel, pads, attrs", [((3, 3), [1, 1, 1, 1], {}),  # output 2n - 1
                                                   ((4, 4), [1, 1, 1, 1], dict(output_padding=[1, 1])),
                                                   ((4, 4), [1, 1, 1, 1], dict(group=2)),
-                                                  ((2, 2), [0, 0, 0, 0], dict(channels=16))])  # PP-OCR's DB head
+                                                  ((2, 2), [0, 0, 0, 0], dict(channels=16)),  # PP-OCR's DB head
+                                                  ((1, 1), [0, 0, 0, 0], dict(stride=1))])  # prisma-net's 8 -> 1
 def test_a_conv_transpose_the_form_does_not_fit_or_pay_stays(kernel, pads, attrs):
-    model = ir.serde.deserialize_model(upsampling(kernel, 2, pads, **attrs))
+    model = ir.serde.deserialize_model(upsampling(kernel, attrs.pop("stride", 2), pads, **attrs))
     assert convtransposes_as_convs(model.graph, QuantConfig(), NameScope(model.graph), 14) == []
     assert [n.op_type for n in model.graph] == ["ConvTranspose"]
 
@@ -69,6 +74,38 @@ def test_a_vit_decoder_upsamples_in_integers(tmp_path):
     assert not [e for e in result.summary["left_in_float"] if e["op"] == "ConvTranspose"]
     order = [n.op_type for n in result.model.graph if n.op_type in ("Conv", "Relu", "DepthToSpace")]
     assert order[:4] == ["Relu", "Conv", "Relu", "DepthToSpace"]
+
+
+def test_a_keras_same_conv_transpose_at_opset_7_upsamples_in_integers(tmp_path):
+    """prisma-net's decoder as keras2onnx wrote it (opset 7): Conv2DTranspose(k=3, s=2, padding="same") is a
+    ConvTranspose with pads [0, 0, 1, 1] (3 is no multiple of 2), then Relu. It ran in float on a dequantized
+    weight; it becomes a 2x2 Conv of 4x the channels and a DepthToSpace after the opset is raised."""
+    b = Builder(opset=7, named=False)
+    x = b.input("x", ["N", 8, 6, 6])
+    up = b.node("Relu", [b.node("ConvTranspose", [b.node("Relu", [b.conv(x, 8, 8)]), b.const(
+        (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)), b.const(np.zeros(4, np.float32))],
+        kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])])
+    feeds = {"x": x_data(8, 8, 6, 6)}
+    ops, result = check_integer(b.proto([b.conv(up, 4, 4)]), feeds, tmp_path, expect=("QLinearConv", "DepthToSpace"))
+    assert ops["QLinearConv"] == 3 and result.summary["counts"]["convtransposes_as_convs"] == 1
+    conv = next(n for n in result.model.graph if n.op_type == "Conv" and "ConvTranspose" in n.name)
+    assert list(conv.attributes.get_ints("kernel_shape")) == [2, 2]
+
+
+def test_calibrate_then_ranges_writes_what_the_data_writes_below_opset_11():
+    """The Conv + DepthToSpace form needs opset 11, which rewrite-eval raises a keras2onnx model (opset 7) to
+    before planning: calibrate planned on the model as given, so its ranges file lacked the Conv's tensors and
+    ``rewrite-eval --ranges`` refused it (prisma-net)."""
+    b = Builder(opset=7, named=False)
+    x = b.input("x", ["N", 8, 6, 6])
+    up = b.node("Relu", [b.node("ConvTranspose", [b.node("Relu", [b.conv(x, 8, 8)]), b.const(
+        (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)), b.const(np.zeros(4, np.float32))],
+        kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])])
+    proto, data = b.proto([b.conv(up, 4, 4)]), {"x": x_data(8, 8, 6, 6)}
+    ranges = calibrate(proto, data).ranges
+    assert any(name.endswith("/phases") or "before_DepthToSpace" in name for name in ranges)
+    given, observed = qtool.rewrite_eval(proto, ranges=ranges), qtool.rewrite_eval(proto, calibration_data=data)
+    assert ir.serde.serialize_model(given.model) == ir.serde.serialize_model(observed.model)
 
 
 def test_a_training_graph_keeps_its_conv_transposes():

@@ -234,3 +234,17 @@ def test_a_tensor_whose_readers_saturate_is_compared_where_they_see_it(tmp_path)
     assert before["clipped_low"] == 0
     assert all(a["readers_saturate"] is None for a in m["activations"] if a is not before)
     assert "* inside the bound where every reader saturates" in res.format_text()
+
+
+def test_a_model_whose_input_is_named_data_simulates():
+    """SINet's input is named ``data``: the what-if table passes its ranges as a mapping to rewrite_eval, which took
+    the entry ``data`` for the tensor table of an onnxruntime calibration cache (AttributeError on a tuple)."""
+    from model_builders import Builder, x_data
+
+    b = Builder(opset=13)
+    x = b.input("data", ["N", 3, 8, 8])
+    proto = b.proto([b.node("Relu", [b.conv(x, 3, 4)], outputs=["y"])])
+    rep = simulate(proto, {"data": x_data(8, 3, 8, 8)}, SimulateConfig()).report
+    assert [m["name"] for m in rep["models"]] == ["W8A8"] and rep["models"][0]["output"]["sqnr_db"] > 20
+    given = qtool.rewrite_eval(proto, ranges={"data": (-3.0, 3.0), "y": (0.0, 4.0)})
+    assert given.summary["counts"]["activations_quantized"] >= 1

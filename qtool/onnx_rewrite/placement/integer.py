@@ -65,6 +65,7 @@ from qtool.model.codec import DEQUANTIZE, QUANTIZE
 from qtool.model.constants import clip_bounds, constant_array, constant_dtype, is_constant, not_constant_reason
 from qtool.model.layers import float_attr, int_attr, is_layer
 from qtool.model.names import context_of
+from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.hard_activations import GATE_RANGE, uses_integer_gates
 from qtool.onnx_rewrite.patterns import fused_activation, keeps_positive
 from qtool.onnx_rewrite.placement.plan import (
@@ -383,7 +384,8 @@ class UnreadQuantizers(PlacementRule):
     - a MatMul chain's output (TF's quantizer after the bias Add): with a symbolic batch onnxruntime
       runs ``DQ -> MatMul -> Add(bias)`` as MatMulIntegerToFloat with the bias folded in; a pair on its
       output read by float ops (GELU's Div/Erf, LayerNormalization) made it 0.66x float against
-      0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias);
+      0.42-0.55x without (benchmarks/zoo/FINDINGS.md, MatMul + bias); not where onnxruntime would make the
+      MatMul a float Gemm with another computed tensor as its bias (``_fused_into_float_gemm``);
     - an Add/Mul with a float constant operand (TF's rule 4 counts a constant as quantized): there is no
       QLinearAdd/QLinearMul for it unless the constant is a scalar, and then only an integer reader
       makes it pay (GELU written out starts with ``x * 0.5``: a pair there would split the GELU);
@@ -539,7 +541,23 @@ def _matmul_chain_end(ctx: PlanContext, value: ir.Value) -> bool:
         layers = [v.producer() for v in inputs if v is not None and v.producer() is not None]
         return any(p.op_type == "MatMul" and is_layer(p) for p in layers) and any(is_constant(v) for v in inputs
                                                                                   if v is not None)
-    return producer.op_type == "MatMul" and len(_variable_inputs(ctx, producer)) == 1
+    return (producer.op_type == "MatMul" and len(_variable_inputs(ctx, producer)) == 1
+            and not _fused_into_float_gemm(ctx, producer))
+
+
+def _fused_into_float_gemm(ctx: PlanContext, matmul: ir.Node) -> bool:
+    """onnxruntime's MatMulAddFusion makes a MatMul whose only reader is an Add of another computed tensor
+    (a written-out LSTM cell: ``x W + h R``, keras2onnx's DTLN) a Gemm with that tensor as its bias ``C``
+    where the MatMul's input is 2-D or static (:func:`becomes_gemm`), also between DequantizeLinears; no QDQ
+    fusion takes a Gemm with a float ``C``, so it ran in float on a weight dequantized at every run
+    (DTLN's second model 3x float's time: benchmarks/zoo/FINDINGS.md section 18). A pair on the MatMul's
+    output keeps it a MatMul (QLinearMatMul)."""
+    readers = ctx.view.consumers(matmul.outputs[0])
+    if len(readers) != 1 or readers[0].domain != "" or readers[0].op_type != "Add" or not becomes_gemm(matmul):
+        return False
+    others = [ctx.view.input(readers[0], i) for i in range(len(readers[0].inputs))]
+    others = [v for v in others if v is not None and v is not matmul.outputs[0]]
+    return bool(others) and not any(is_constant(v) for v in others)
 
 
 def _readers_through_carries(ctx: PlanContext, value: ir.Value) -> list[ir.Node]:
@@ -716,3 +734,23 @@ def _float_reason(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> 
 
 INTEGER_RULES: tuple[PlacementRule, ...] = (IntegerOps(), LayerInputs(), IntegerOps(), UnreadQuantizers(),
                                              SaturatingConsumers(), RecurrentLayers(), ScalarOperands(), FloatOps())
+
+
+def becomes_gemm(matmul: ir.Node) -> bool:
+    """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
+    MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
+    a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
+    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
+    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
+    int32 bias is then what the optimized session computes, optimizations on or off)."""
+    x = matmul.inputs[0] if matmul.inputs else None
+    if x is None:
+        return True
+    if x.shape is not None:
+        shape = tuple(d if isinstance(d, int) else None for d in x.shape)
+    else:
+        graph = matmul.graph
+        shape = inferred_shapes(graph).get(x.name) if graph is not None else None
+    if shape is None:
+        return True
+    return len(shape) <= 2 or all(d is not None for d in shape)
