@@ -59,7 +59,8 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
     step = jnp.int32(T._TEACHER_STEP)
     if program == "train":
         fn = run.train_step
-        args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), run.hyper)
+        hyper = T._schedule(1e-4, config.steps, 0, config.schedule)
+        args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), hyper)
     elif program == "teacher":
         fn = jax.jit(lambda feed, b: [forward(feed, b, step, False)[o] for o in outputs])
         args = (run.teacher_feed, batch)
