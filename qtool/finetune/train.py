@@ -620,10 +620,8 @@ def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int,
     t_after_first = None
     for i in range(steps_run):
         step = start_step + i
-        batch, labels = batches.next()
         t0 = time.perf_counter()
-        params, state, opt_state, loss = run.train_step(params, state, opt_state, run.teacher_feed, batch, labels,
-                                                        jnp.int32(step), hyper)
+        params, state, opt_state, loss = _step(run, params, state, opt_state, batches, step, hyper)
         loss = float(loss)
         if i == 0:
             out.compile_seconds = time.perf_counter() - t0
@@ -657,6 +655,12 @@ def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int,
     return out
 
 
+def _step(run: _Run, params, state, opt_state, batches: _Batches, step: int, hyper):
+    """One training step on the next batch: the new params, state, optimizer state and the loss."""
+    batch, labels = batches.next()
+    return run.train_step(params, state, opt_state, run.teacher_feed, batch, labels, jnp.int32(step), hyper)
+
+
 def _untrained(run: _Run, validator: _Validator, before: float) -> _Trained:
     """No steps: the starting values are the result (the schedule stays where it was)."""
     return _Trained(before, validator.float_metric(), (before, run.start_step, _host(run.params0), _host(run.state0)),
@@ -680,10 +684,8 @@ def _probe_rates(run: _Run, train: _Data, batch_size: int, validator: _Validator
         hyper = _schedule(rate, length, warmup, config.schedule, origin=run.start_step)
         batches = _Batches(train, batch_size, np.random.default_rng([config.seed, run.start_step]))
         for i in range(length):
-            batch, labels = batches.next()
             t0 = time.perf_counter()
-            params, state, opt_state, loss = run.train_step(params, state, opt_state, run.teacher_feed, batch, labels,
-                                                            jnp.int32(run.start_step + i), hyper)
+            params, state, opt_state, loss = _step(run, params, state, opt_state, batches, run.start_step + i, hyper)
             if compile_seconds is None:
                 jax.block_until_ready(loss)
                 compile_seconds = time.perf_counter() - t0
