@@ -526,13 +526,22 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
     metric_name = "accuracy" if val.labels is not None else "sqnr_db"
-    eval_batch = val.fixed_batch or (1 if batch_size == 1 else min(val.num, 256))
+    eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(val.num))
     validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
     try:
         validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
     except QtoolError as exc:
         raise _one_sample_error(lambda b: teacher_jit(run.teacher_feed, b), val, eval_batch) or exc
     return validator
+
+
+def _even_batch(num: int, most: int = 256) -> int:
+    """Validation batches of up to ``most`` samples, all of one size where ``num`` has a divisor from ``most / 2``
+    to ``most`` (500 samples: 2 x 250, not 256 + 244): each batch size is a compile of the validation and the
+    teacher."""
+    if num <= most:
+        return num
+    return next((d for d in range(most, most // 2 - 1, -1) if num % d == 0), most)
 
 
 def _one_sample_error(forward: Callable, val: _Data, size: int) -> QtoolError | None:
