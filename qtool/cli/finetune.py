@@ -11,7 +11,19 @@ from qtool import api
 from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import json_option, output_option
 from qtool.cli._output import write_json
-from qtool.finetune.config import FinetuneConfig
+from qtool.finetune.config import AUTO, LEARNING_RATE_CANDIDATES, FinetuneConfig
+
+
+class _RateOrAuto(click.ParamType):
+    """A positive number, or 'auto'."""
+
+    name = "LR|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == AUTO:
+            return AUTO
+        return click.FloatRange(0, min_open=True).convert(value, param, ctx)
+
 
 @click.command("finetune")
 @click.argument("model", type=click.Path(dir_okay=False))
@@ -22,8 +34,12 @@ from qtool.finetune.config import FinetuneConfig
               help="Length of the schedule (with --resume: the step to reach).")
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True,
               help="Samples per step (1: validation runs one sample at a time too).")
-@click.option("--learning-rate", type=click.FloatRange(0, min_open=True), default=1e-4, show_default=True,
-              help="Adam's peak learning rate.")
+@click.option("--learning-rate", type=_RateOrAuto(), default=1e-4, show_default=True,
+              help="Adam's peak learning rate, or 'auto': first a short run of the schedule from the start at each of "
+              f"{', '.join(f'{r:g}' for r in LEARNING_RATE_CANDIDATES)}, then the schedule at the rate that "
+              "validated best (none if every rate made the model worse than it started).")
+@click.option("--probe-steps", type=click.IntRange(0), default=0, show_default=True,
+              help="With --learning-rate auto: steps of each probe (0: a quarter of the steps to run, 5 to 25).")
 @click.option("--schedule", type=click.Choice(("cosine", "constant")), default="cosine", show_default=True,
               help="Learning-rate schedule over --steps.")
 @click.option("--warmup-steps", type=click.IntRange(0), default=0, show_default=True,

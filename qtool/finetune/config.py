@@ -12,6 +12,8 @@ from qtool.errors import QtoolError
 FINETUNE_METADATA_KEY = "qtool.finetune"
 DISTILLATION = ("mse", "kl")
 SCHEDULES = ("cosine", "constant")
+AUTO = "auto"
+LEARNING_RATE_CANDIDATES = (1e-6, 1e-5, 1e-4, 1e-3)  # what learning_rate="auto" probes
 
 
 # --- options and results -------------------------------------------------------------------------
@@ -22,7 +24,8 @@ class FinetuneConfig:
 
     steps: int = 300
     batch_size: int = 32
-    learning_rate: float = 1e-4
+    learning_rate: float | str = 1e-4  # Adam's peak rate, or "auto": probe LEARNING_RATE_CANDIDATES first
+    probe_steps: int = 0  # with "auto": steps of each probe (0: a quarter of the schedule, 5 to 25)
     schedule: str = "cosine"  # cosine decay to 0 over `steps`, or constant
     warmup_steps: int = 0
     labels: str | None = None  # array of the data (and validation) npz with class ids: adds cross-entropy
@@ -62,7 +65,9 @@ class FinetuneConfig:
         return FinetuneConfig(
             steps=positive_int(self.steps, "steps"),
             batch_size=positive_int(self.batch_size, "batch size"),
-            learning_rate=number(self.learning_rate, "learning rate", strict=True),
+            learning_rate=(AUTO if isinstance(self.learning_rate, str) and self.learning_rate.lower() == AUTO
+                           else number(self.learning_rate, "learning rate (or 'auto')", strict=True)),
+            probe_steps=positive_int(self.probe_steps, "probe steps", 0),
             schedule=self.schedule,
             warmup_steps=positive_int(self.warmup_steps, "warmup steps", 0),
             labels=self.labels,
@@ -77,6 +82,10 @@ class FinetuneConfig:
             seed=positive_int(self.seed, "seed", 0),
             resume=bool(self.resume),
         )
+
+    def probe_length(self, start_step: int = 0) -> int:
+        """Steps of each learning-rate probe: ``probe_steps``, or a quarter of the steps to run (5 to 25)."""
+        return self.probe_steps or min(25, max(5, (self.steps - start_step) // 4))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -96,8 +105,12 @@ class FinetuneProgress:
     eta_seconds: float | None
     metric_name: str | None = None
     metric: float | None = None  # set on validation events
+    probe: float | None = None  # a learning-rate probe's rate: the event is its result (step: its length)
 
     def format_text(self) -> str:
+        if self.probe is not None:
+            return (f"probe learning rate {self.probe:g} ({self.step} steps)  loss {self.loss:.5g}  "
+                    f"validation {self.metric_name} {_fmt_metric(self.metric_name, self.metric)}")
         eta = "" if self.eta_seconds is None else f"  eta {_fmt_seconds(self.eta_seconds)}"
         line = f"step {self.step}/{self.steps}  loss {self.loss:.5g}{eta}"
         if self.metric is not None:
@@ -126,6 +139,8 @@ class FinetuneResult:
     best_step: int  # the step whose values were written (keep_best)
     parameters: int  # trainable tensors
     parameter_values: int  # their element count
+    learning_rate: float | None = None  # the peak rate trained with (None: "auto" found none better than no change)
+    learning_rate_probe: list = field(default_factory=list)  # with "auto": {"learning_rate", "loss", metric} each
     config: dict = field(default_factory=dict)
     history: list = field(default_factory=list)  # validations: {"step", "loss", metric}
     notes: list = field(default_factory=list)
@@ -142,12 +157,21 @@ class FinetuneResult:
             f"  loss                   {_fmt_opt(self.loss_first)} -> {_fmt_opt(self.loss_last)}",
             f"  {m + ' (' + self.metric_source + ')':<22} quantized {_fmt_metric(m, self.before)} -> "
             f"{_fmt_metric(m, self.after)}   float {_fmt_metric(m, self.float_metric)}",
+            f"  learning rate          {self._format_rate()}",
             f"  time                   {_fmt_seconds(self.seconds)}, peak memory {self.peak_rss_mb:.0f} MB",
             f"  trained                {self.parameters} tensors, {self.parameter_values} values",
         ]
         for note in self.notes:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
+
+    def _format_rate(self) -> str:
+        chosen = "none (no change)" if self.learning_rate is None else f"{self.learning_rate:g}"
+        if not self.learning_rate_probe:
+            return chosen
+        m = self.metric_name
+        probed = ", ".join(f"{p['learning_rate']:g} {_fmt_metric(m, p[m])}" for p in self.learning_rate_probe)
+        return f"auto: {chosen} (start {_fmt_metric(m, self.before)}; probed {probed})"
 
 
 def _fmt_opt(v) -> str:

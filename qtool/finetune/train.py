@@ -40,7 +40,9 @@ import optax
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
 from qtool.finetune.config import (
+    AUTO,
     FINETUNE_METADATA_KEY,
+    LEARNING_RATE_CANDIDATES,
     FinetuneConfig,
     FinetuneProgress,
     FinetuneResult,
@@ -184,12 +186,18 @@ def _host(tree: dict) -> dict:
     return {k: np.array(v) for k, v in tree.items()}
 
 
+def _schedule(rate: float, steps: int, warmup: int, schedule: str, origin: int = 0) -> jax.Array:
+    """The schedule's numbers as the compiled step's ``hyper`` argument (see ``_rate_at``)."""
+    return jnp.asarray([rate, steps, warmup, 1.0 if schedule == "cosine" else 0.0, origin], jnp.float32)
+
+
 def _rate_at(step, hyper):
-    """The learning rate at a global step: linear warm-up, then cosine decay to 0 at ``steps`` (or constant).
-    Everything is an argument (``hyper`` = lr, steps, warmup, cosine?), so the compiled step does not
-    depend on the schedule's numbers."""
-    lr, total, warm, cosine = hyper[0], hyper[1], hyper[2], hyper[3]
-    s = step.astype(jnp.float32)
+    """The learning rate at a global step: linear warm-up, then cosine decay to 0 at ``steps`` (or constant),
+    counted from the step ``origin`` (0: the schedule is in global steps; a probe starts its own). Everything is
+    an argument (``hyper`` = lr, steps, warmup, cosine?, origin), so the compiled step does not depend on the
+    schedule's numbers: a resumed run and every learning-rate probe run the same program."""
+    lr, total, warm, cosine, origin = hyper[0], hyper[1], hyper[2], hyper[3], hyper[4]
+    s = step.astype(jnp.float32) - origin
     warm_factor = jnp.where(warm > 0, jnp.minimum(1.0, s / jnp.maximum(warm, 1.0)), 1.0)
     t = jnp.clip((s - warm) / jnp.maximum(total - warm, 1.0), 0.0, 1.0)
     decay = jnp.where(cosine > 0, 0.5 * (1.0 + jnp.cos(jnp.pi * t)), 1.0)
@@ -227,20 +235,30 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     run = _build_run(graph, config, start_step)
     batch_size = _batch_size(config, train, notes)
     validator = _build_validator(run, val, batch_size)
-    trained = _train(run, train, batch_size, validator, progress, notes)
+    before = validator.metric(run.params0, run.state0)
+    rate, probes, probe_compile = config.learning_rate, [], None
+    if rate == AUTO:
+        rate, probes, probe_compile = _probe_rates(run, train, batch_size, validator, before, progress, notes)
+    if rate is None:
+        trained = _untrained(run, validator, before)
+    else:
+        trained = _train(run, rate, before, train, batch_size, validator, progress, notes)
+    if probe_compile is not None:  # the probes compiled the step
+        trained.compile_seconds = probe_compile
     if output is not None:
-        _save_tuned(graph.ir_model, output, config, trained, validator.metric_name, graph.roles.range_update)
+        _save_tuned(graph.ir_model, output, config, trained, validator.metric_name, graph.roles.range_update,
+                    rate, probes)
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     n_values = int(sum(int(np.prod(v.shape)) for v in run.params0.values()))
     return FinetuneResult(
         input=graph.label, output=output, metric_name=validator.metric_name, metric_source=val_where,
         before=trained.before, after=trained.after, float_metric=trained.float_metric, start_step=start_step,
-        end_step=config.steps, steps_run=run.steps_run, seconds=time.perf_counter() - t_start,
+        end_step=trained.end_step, steps_run=trained.end_step - start_step, seconds=time.perf_counter() - t_start,
         compile_seconds=trained.compile_seconds, seconds_per_step=trained.seconds_per_step, peak_rss_mb=peak,
         loss_first=trained.loss_first, loss_last=trained.loss_last, best_step=trained.best_step,
-        parameters=len(run.params0), parameter_values=n_values, config=config.to_dict(), history=trained.history,
-        notes=notes,
+        parameters=len(run.params0), parameter_values=n_values, learning_rate=rate, learning_rate_probe=probes,
+        config=config.to_dict(), history=trained.history, notes=notes,
     )
 
 
@@ -353,7 +371,6 @@ class _Run:
     state0: dict  # the rest of the state: each step's `:updated` output
     teacher_feed: dict  # the parameters and state the run started from
     forward: Callable  # (feed, batch, step, quantized) -> every graph output
-    hyper: jax.Array  # the schedule's numbers (see _rate_at)
     opt_state: object
     train_step: Callable  # jitted (params, state, opt_state, teacher_feed, batch, labels, step, hyper)
 
@@ -365,8 +382,6 @@ class _Run:
 def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
     params0, state0, teacher_feed = _initial_values(graph)
     forward = _forward_fn(graph)
-    hyper = jnp.asarray([config.learning_rate, config.steps, config.warmup_steps,
-                         1.0 if config.schedule == "cosine" else 0.0], jnp.float32)
     # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
     # compiles to the same program, so JAX's compilation cache serves it)
     # a step whose gradients are not finite is skipped (optax.apply_if_finite: no update, Adam's moments
@@ -375,8 +390,7 @@ def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
     optimizer = optax.apply_if_finite(optax.scale_by_adam(), max_consecutive_errors=MAX_SKIPPED)
     opt_state = optimizer.init(params0)
     train_step = _train_step_fn(forward, graph.roles, config, optimizer)
-    return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, hyper, opt_state,
-                train_step)
+    return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, opt_state, train_step)
 
 
 def _initial_values(graph: _Graph) -> tuple[dict, dict, dict]:
@@ -512,13 +526,22 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
     metric_name = "accuracy" if val.labels is not None else "sqnr_db"
-    eval_batch = val.fixed_batch or (1 if batch_size == 1 else min(val.num, 256))
+    eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(val.num))
     validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
     try:
         validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
     except QtoolError as exc:
         raise _one_sample_error(lambda b: teacher_jit(run.teacher_feed, b), val, eval_batch) or exc
     return validator
+
+
+def _even_batch(num: int, most: int = 256) -> int:
+    """Validation batches of up to ``most`` samples, all of one size where ``num`` has a divisor from ``most / 2``
+    to ``most`` (500 samples: 2 x 250, not 256 + 244): each batch size is a compile of the validation and the
+    teacher."""
+    if num <= most:
+        return num
+    return next((d for d in range(most, most // 2 - 1, -1) if num % d == 0), most)
 
 
 def _one_sample_error(forward: Callable, val: _Data, size: int) -> QtoolError | None:
@@ -544,6 +567,7 @@ class _Trained:
     before: float
     float_metric: float
     best: tuple  # (metric, step, params on the host, state on the host)
+    end_step: int = 0  # the step the schedule reached
     history: list = field(default_factory=list)
     loss_first: float | None = None
     loss_last: float | None = None
@@ -589,14 +613,15 @@ def _batch_size(config: FinetuneConfig, train: _Data, notes: list[str]) -> int:
     return batch_size
 
 
-def _train(run: _Run, train: _Data, batch_size: int, validator: _Validator,
+def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int, validator: _Validator,
            progress: Callable[[FinetuneProgress], None] | None, notes: list[str]) -> _Trained:
-    """The steps from ``start_step`` to ``steps``: validation every ``validate_every`` steps (about ten times
-    by default; the best values are kept) and progress about fifty times."""
+    """The steps from ``start_step`` to ``steps`` at the peak learning rate ``rate``: validation every
+    ``validate_every`` steps (about ten times by default; the best values are kept) and progress about fifty
+    times. ``before``: the metric of the starting values."""
     config, start_step, steps_run, metric_name = run.config, run.start_step, run.steps_run, validator.metric_name
     params, state, opt_state = dict(run.params0), dict(run.state0), run.opt_state
-    before = validator.metric(params, state)
-    out = _Trained(before, validator.float_metric(), (before, start_step, _host(params), _host(state)))
+    hyper = _schedule(rate, config.steps, config.warmup_steps, config.schedule)
+    out = _Trained(before, validator.float_metric(), (before, start_step, _host(params), _host(state)), config.steps)
     batches = _Batches(train, batch_size, np.random.default_rng([config.seed, start_step]))
     every = config.validate_every or max(1, steps_run // 10)
     report_every = max(1, steps_run // 50)
@@ -604,10 +629,8 @@ def _train(run: _Run, train: _Data, batch_size: int, validator: _Validator,
     t_after_first = None
     for i in range(steps_run):
         step = start_step + i
-        batch, labels = batches.next()
         t0 = time.perf_counter()
-        params, state, opt_state, loss = run.train_step(params, state, opt_state, run.teacher_feed, batch, labels,
-                                                        jnp.int32(step), run.hyper)
+        params, state, opt_state, loss = _step(run, params, state, opt_state, batches, step, hyper)
         loss = float(loss)
         if i == 0:
             out.compile_seconds = time.perf_counter() - t0
@@ -617,8 +640,7 @@ def _train(run: _Run, train: _Data, batch_size: int, validator: _Validator,
         if not math.isfinite(loss):
             skipped = int(opt_state.total_notfinite)
             why = f" after {skipped} step(s) whose gradients were not finite (skipped)" if skipped else ""
-            raise QtoolError(f"the loss became {loss} at step {step}{why}: lower the learning rate "
-                             f"(now {config.learning_rate:g})")
+            raise QtoolError(f"the loss became {loss} at step {step}{why}: lower the learning rate (now {rate:g})")
         done = i + 1
         elapsed = time.perf_counter() - t_loop
         eta = None
@@ -642,6 +664,58 @@ def _train(run: _Run, train: _Data, batch_size: int, validator: _Validator,
     return out
 
 
+def _step(run: _Run, params, state, opt_state, batches: _Batches, step: int, hyper):
+    """One training step on the next batch: the new params, state, optimizer state and the loss."""
+    batch, labels = batches.next()
+    return run.train_step(params, state, opt_state, run.teacher_feed, batch, labels, jnp.int32(step), hyper)
+
+
+def _untrained(run: _Run, validator: _Validator, before: float) -> _Trained:
+    """No steps: the starting values are the result (the schedule stays where it was)."""
+    return _Trained(before, validator.float_metric(), (before, run.start_step, _host(run.params0), _host(run.state0)),
+                    run.start_step)
+
+
+def _probe_rates(run: _Run, train: _Data, batch_size: int, validator: _Validator, before: float,
+                 progress: Callable[[FinetuneProgress], None] | None,
+                 notes: list[str]) -> tuple[float | None, list, float]:
+    """``learning_rate="auto"``: from the starting values, a short run of the configured schedule (cosine decays to
+    0 at its end, warm-up scaled) at each rate of ``LEARNING_RATE_CANDIDATES``, on the batches the run will see
+    first; each is validated at its end. The rate with the best metric is chosen if it beats the start (ties
+    choose the smaller rate), else none (every rate made the model worse). Same compiled step: the rate is an
+    argument. Returns the rate, the probes' results and the seconds of the first step (the compile)."""
+    config, metric_name = run.config, validator.metric_name
+    length = config.probe_length(run.start_step)
+    warmup = round(config.warmup_steps * length / max(1, config.steps - run.start_step))
+    probes, best, compile_seconds = [], (before, None), None
+    for rate in LEARNING_RATE_CANDIDATES:
+        params, state, opt_state = (jax.tree.map(jnp.copy, t) for t in (run.params0, run.state0, run.opt_state))
+        hyper = _schedule(rate, length, warmup, config.schedule, origin=run.start_step)
+        batches = _Batches(train, batch_size, np.random.default_rng([config.seed, run.start_step]))
+        for i in range(length):
+            t0 = time.perf_counter()
+            params, state, opt_state, loss = _step(run, params, state, opt_state, batches, run.start_step + i, hyper)
+            if compile_seconds is None:
+                jax.block_until_ready(loss)
+                compile_seconds = time.perf_counter() - t0
+        loss = float(loss)
+        m = validator.metric(params, state) if math.isfinite(loss) else -math.inf
+        probes.append({"learning_rate": rate, "loss": loss, metric_name: m})
+        if m > best[0]:
+            best = (m, rate)
+        if progress is not None:
+            progress(FinetuneProgress(length, config.steps, loss, 0.0, None, metric_name, m, probe=rate))
+    tried = ", ".join(f"{p['learning_rate']:g}: {_fmt_metric(metric_name, p[metric_name])}" for p in probes)
+    if best[1] is None:
+        notes.append(f"learning rate auto: every probed rate ({length} steps each) made the validation "
+                     f"{metric_name} worse than the start's {_fmt_metric(metric_name, before)} ({tried}): "
+                     "the input's values are kept, no steps run")
+    else:
+        notes.append(f"learning rate auto: {best[1]:g} ({length}-step probes from "
+                     f"{_fmt_metric(metric_name, before)}: {tried})")
+    return best[1], probes, compile_seconds
+
+
 def _note_kept_best(trained: _Trained, config: FinetuneConfig, metric_name: str, notes: list[str]) -> None:
     last = trained.history[-1][metric_name] if trained.history else trained.before
     if config.keep_best and trained.best_step != config.steps:
@@ -653,7 +727,7 @@ def _note_kept_best(trained: _Trained, config: FinetuneConfig, metric_name: str,
 
 # --- write back -------------------------------------------------------------------------------------------------------
 def _save_tuned(ir_model, output: str, config: FinetuneConfig, trained: _Trained, metric_name: str,
-                range_update: str | None) -> None:
+                range_update: str | None, rate: float | None, probes: list) -> None:
     """The kept values into the graph, the run recorded in its ``qtool.finetune`` metadata; saved atomically.
     The range-update input's default becomes 0: the tuned graph run as is holds its trained ranges and
     computes what ``rewrite-eval`` deploys (``finetune`` itself feeds 1 while it trains)."""
@@ -661,10 +735,11 @@ def _save_tuned(ir_model, output: str, config: FinetuneConfig, trained: _Trained
     held = {} if range_update is None else {range_update: np.float32(0.0)}
     _write_back(ir_model, {**best_params, **best_state, **held}, {
         "version": 1,
-        "step": config.steps,
+        "step": trained.end_step,
         "best_step": best_step,
-        "schedule": {"steps": config.steps, "learning_rate": config.learning_rate, "schedule": config.schedule,
+        "schedule": {"steps": config.steps, "learning_rate": rate, "schedule": config.schedule,
                      "warmup_steps": config.warmup_steps},
+        **({"learning_rate_probe": probes} if probes else {}),
         "seed": config.seed,
         "labels": config.labels,
         "distillation": config.distillation,

@@ -156,3 +156,11 @@ def test_kept_best_note_says_a_tie_is_not_better():
     better = _Trained(before=0.5, float_metric=1.0, best=(1.0, 1, None, None), history=[{"step": 4, "accuracy": 0.9}])
     _note_kept_best(better, FinetuneConfig(steps=4), "accuracy", notes)
     assert "the first as good as the last step's" in notes[0] and "better than the last step's" in notes[1], notes
+
+
+def test_validation_batches_are_of_one_size_where_the_count_allows():
+    """Each validation batch size is a compile of the validation and the teacher: 500 samples run as 2 x 250."""
+    from qtool.finetune.train import _even_batch
+
+    assert [_even_batch(n) for n in (64, 256, 500, 1000, 300, 10000)] == [64, 256, 250, 250, 150, 250]
+    assert [_even_batch(n) for n in (257, 514)] == [256, 256]  # no divisor from 128 to 256: batches of 256
