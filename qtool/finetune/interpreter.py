@@ -148,6 +148,7 @@ class Context:
     fake_quant: bool = True
     range_grad: Callable[[str], bool] = field(default=lambda name: True)
     functions: dict = field(default_factory=dict)
+    no_grad: frozenset = frozenset()  # values whose gradient stops (lax.stop_gradient)
 
 
 def concrete(v) -> bool:
@@ -1398,10 +1399,12 @@ class Interpreter:
 
     # --- evaluation ---------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, object], *, fake_quant: bool = True,
-            range_grad: Callable[[str], bool] | None = None, outputs: list[str] | None = None) -> dict:
+            range_grad: Callable[[str], bool] | None = None, outputs: list[str] | None = None,
+            no_grad: frozenset = frozenset()) -> dict:
         """Evaluate the graph. ``feeds``: data inputs and any feedable initializer (traced or not);
-        initializers not fed use their stored value. Returns ``{output name: array}``."""
-        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True))
+        initializers not fed use their stored value. Returns ``{output name: array}``. The gradient
+        stops at the values named in ``no_grad``."""
+        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True), no_grad=no_grad)
         env: dict[str, object] = {}
         for name, value in self.initializers.items():
             env[name] = value
@@ -1441,7 +1444,7 @@ class Interpreter:
                                  f"{type(exc).__name__}: {exc}") from exc
             for name, value in zip(node.outputs, outs):
                 if name:
-                    env[name] = value
+                    env[name] = lax.stop_gradient(value) if name in ctx.no_grad and not concrete(value) else value
 
     def _call_function(self, node: Node, inputs: list, ctx: Context) -> list:
         fn = self.functions[(node.domain, node.op_type)]

@@ -420,11 +420,32 @@ def _forward_fn(graph: _Graph) -> Callable:
     def range_grad(node_name: str) -> bool:  # TF's last-value weight ranges are not trained
         return not node_name.startswith(weight_prefixes)
 
+    no_grad = _moving_average_inputs(interp, graph.roles)
+
     def forward(feed, batch, step, quantized):
         return interp.run({**moving, **feed, **batch, step_input: step}, fake_quant=quantized,
-                          range_grad=range_grad)
+                          range_grad=range_grad, no_grad=no_grad)
 
     return forward
+
+
+def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
+    """The batch ranges the activation ranges' moving averages read (``<q>/AssignMinEma/delta`` is
+    ``Sub(<q>/min, batch range)``; ``<q>/AssignMinEma`` is ``Sub(<q>/min, Mul(delta, decay))``): their
+    gradient stops there, as TensorFlow's does at the ``AssignSub`` of ``assign_moving_average`` (not
+    differentiable). Without the stop, a trained range's gradient reached the activation through
+    ``ReduceMin``/``ReduceMax`` (at the batch's extreme elements, scaled by the decay): a term TF's
+    straight-through gradient does not have (spec section 7)."""
+    states = {name for pair in roles.ranges for name in pair}
+    producer = {out: node for node in interp.nodes for out in node.outputs}
+    subs = [n for n in interp.nodes if n.op_type == "Sub" and n.domain == "" and n.inputs[0] in states]
+    deltas = {n.outputs[0] for n in subs}
+
+    def is_update(node) -> bool:  # Sub(state, Mul(delta, decay)): the assignment, not the delta
+        made = producer.get(node.inputs[1])
+        return made is not None and made.op_type == "Mul" and any(i in deltas for i in made.inputs)
+
+    return frozenset(n.inputs[1] for n in subs if not is_update(n))
 
 
 def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, optimizer) -> Callable:

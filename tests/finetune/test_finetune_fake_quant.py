@@ -181,3 +181,45 @@ def test_gradients_match_finite_differences_where_the_ste_is_the_identity(graphs
             numeric = (float(loss_at({**params, name: params[name] + eps * d}))
                        - float(loss_at({**params, name: params[name] - eps * d}))) / (2 * eps)
             assert abs(numeric - analytic) <= 2e-3 * max(1.0, abs(analytic)), (out_name, name, numeric, analytic)
+
+
+def test_a_trained_range_gives_the_activations_no_gradient_through_its_moving_average(tmp_path):
+    """TF's moving-average range is an ``AssignSub`` to a variable (not differentiable): the activations get
+    the straight-through gradient only. The graph computes ``min - (min - batch_min) * decay``, and JAX
+    differentiated through ``batch_min`` into the activation; the gradient now stops at the batch range, so
+    the input's gradient is the same whether the ranges are trained or not, while the trained ranges
+    themselves still get theirs."""
+    from model_builders import Builder, x_data
+
+    from qtool.config import TrainSchedule
+    from qtool.finetune.config import FinetuneConfig
+    from qtool.finetune.train import _initial_values, _moving_average_inputs, _open_graph
+
+    b = Builder(opset=13, constants=True, named=False)
+    y = b.node("Relu", [b.conv(b.input("x", ["N", 3, 6, 6]), 3, 4)])
+    path = tmp_path / "t.qat.onnx"
+    qtool.rewrite_train(b.proto([b.conv(y, 4, 2)]), path, calibration_data={"x": x_data(8, 3, 6, 6)},
+                        schedule=TrainSchedule(0, 0))
+    graph = _open_graph(path, FinetuneConfig(steps=1), [])
+    params, state, _ = _initial_values(graph)
+    roles, interp = graph.roles, graph.interp
+    (data_input,) = [n for n in interp.data_inputs if n not in (roles.step_input, roles.range_update)]
+    stops = _moving_average_inputs(interp, roles)
+    assert len(stops) == 2 * len(set(roles.ranges))  # one batch min and one batch max per quantizer
+    weights = tuple(p + "/" for p in roles.weight_prefixes)
+    moving = {} if roles.range_update is None else {roles.range_update: jnp.float32(1.0)}
+
+    def loss(feed, x, ranges_trained, no_grad):
+        run = interp.run({**state, **feed, **moving, data_input: x, roles.step_input: jnp.int32(100)},
+                         range_grad=(lambda n: not n.startswith(weights)) if ranges_trained else (lambda n: False),
+                         no_grad=no_grad)
+        return jnp.sum(run[roles.data_outputs[0]] ** 2)
+
+    x = jnp.asarray(x_data(4, 3, 6, 6) * 3)  # beyond the calibrated ranges: the ranges get a gradient
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=(2, 3))
+    g_ranges, g_x = grad(params, x, True, stops)
+    g_x_plain = grad(params, x, False, frozenset())[1]
+    g_x_leaky = grad(params, x, True, frozenset())[1]
+    np.testing.assert_array_equal(np.asarray(g_x), np.asarray(g_x_plain))
+    assert not np.array_equal(np.asarray(g_x_leaky), np.asarray(g_x_plain))  # what the stop removes
+    assert any(float(jnp.abs(g_ranges[lo]) + jnp.abs(g_ranges[hi])) > 0 for lo, hi in roles.ranges)
