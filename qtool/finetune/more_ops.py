@@ -228,17 +228,21 @@ def _global_lp_pool(ctx, node, inputs):
 
 
 # --- data movement ---------------------------------------------------------------------------------------------
+def _rearranged(x, shape, perm, out):
+    """``x`` reshaped to ``shape``, transposed by ``perm`` and reshaped to ``out`` (a block move)."""
+    xp = _xp(x)
+    return [_result(xp.reshape(xp.transpose(xp.reshape(x, shape), perm), out))]
+
+
 @op("DepthToSpace")
 def _depth_to_space(ctx, node, inputs):
     x = inputs[0]
     b = int(node.attr("blocksize"))
     n, c, h, w = x.shape
-    xp = _xp(x)
+    out = (n, c // (b * b), h * b, w * b)
     if node.attr("mode", "DCR") == "CRD":
-        y = xp.transpose(xp.reshape(x, (n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
-    else:
-        y = xp.transpose(xp.reshape(x, (n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
-    return [_result(xp.reshape(y, (n, c // (b * b), h * b, w * b)))]
+        return _rearranged(x, (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3), out)
+    return _rearranged(x, (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2), out)
 
 
 @op("SpaceToDepth")
@@ -246,9 +250,7 @@ def _space_to_depth(ctx, node, inputs):
     x = inputs[0]
     b = int(node.attr("blocksize"))
     n, c, h, w = x.shape
-    xp = _xp(x)
-    y = xp.transpose(xp.reshape(x, (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
-    return [_result(xp.reshape(y, (n, c * b * b, h // b, w // b)))]
+    return _rearranged(x, (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, c * b * b, h // b, w // b))
 
 
 def _wrap(idx, dim):
