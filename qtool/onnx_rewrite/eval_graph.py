@@ -664,8 +664,10 @@ class QuantizeBias:
         if codes is None or scale is None or zero is None or np.any(zero != 0) or scale.shape != w_scale.shape:
             return None
         x_scale = np.float64(constant_array(_input_dq(layer).inputs[1]).reshape(-1)[0])
+        if not (np.isfinite(x_scale) and x_scale > 0):  # (a degenerate input range: saturate)
+            return None
         need = (np.abs(b.astype(np.float64)) / (x_scale * _INT32.max) * (1 + 2.0**-20)).astype(np.float32)
-        grow = over & (need > scale)
+        grow = over & (need > scale) & np.isfinite(need)
         if not np.any(grow):
             return None
         new_scale = np.where(grow, need, scale).astype(np.float32)
