@@ -1147,21 +1147,6 @@ def _gather_elements(ctx, node, inputs):
     return [jnp.take_along_axis(jnp.asarray(x), idx, axis=axis)]
 
 
-@op("ScatterND")
-def _scatter_nd(ctx, node, inputs):
-    """``updates`` written into a copy of ``data`` at the index tuples along the last axis of ``indices``
-    (``reduction`` none, add, mul, max or min): how PyTorch exports ``cache[:, :, a:b] = x`` (a streaming
-    model's caches: GTCRN writes 18 this way). Gradients flow to both ``data`` and ``updates``."""
-    x, idx, updates = inputs
-    k = idx.shape[-1]
-    idx = jnp.where(idx < 0, idx + jnp.asarray(x.shape[:k], idx.dtype), idx)
-    at = jnp.asarray(x).at[tuple(idx[..., i] for i in range(k))]
-    reduction = node.attr("reduction", "none")
-    if reduction not in ("none", "add", "mul", "max", "min"):
-        raise QtoolError(f"node {node.label()}: ScatterND reduction {reduction!r} is not implemented")
-    return [{"none": at.set, "add": at.add, "mul": at.multiply, "max": at.max, "min": at.min}[reduction](updates)]
-
-
 @op("Pad")
 def _pad(ctx, node, inputs):
     x = inputs[0]

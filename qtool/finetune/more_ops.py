@@ -5,7 +5,7 @@ module once, at its end): activations (Mish, Celu, Softsign, ThresholdedRelu, Sh
 Tan and the inverse and hyperbolic trigonometry, IsInf, Hardmax, normalizations (GroupNormalization,
 RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization), ReduceLogSum, LpPool/GlobalLpPool,
 data movement (DepthToSpace, SpaceToDepth, GatherND, ScatterElements/Scatter, OneHot, CumSum, CumProd,
-EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
+ScatterND, EyeLike, ReverseSequence, CenterCropPad, TensorScatter), GridSample and AffineGrid, Attention and
 RotaryEmbedding, DFT/STFT/MelWeightMatrix, Col2Im, DeformConv, RoiAlign, MaxRoiPool, the two
 classification losses, Det, the window ops and the bitwise ops. Each computes what onnxruntime does (one
 exception, MeanVarianceNormalization of a constant channel: 0 as ONNX defines it, where onnxruntime divides
@@ -279,15 +279,28 @@ def _along(idx, axis: int, shape) -> tuple:
 _SCATTER = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "min": "min"}
 
 
+def _scattered(node, x, index: tuple, updates):
+    """``updates`` written into a copy of ``x`` at ``index`` with the node's ``reduction`` (gradients flow to
+    both)."""
+    reduction = node.attr("reduction", "none")
+    if reduction not in _SCATTER:
+        raise QtoolError(f"node {node.label()}: reduction '{reduction}' is not none, add, mul, max or min")
+    return [getattr(jnp.asarray(x).at[index], _SCATTER[reduction])(jnp.asarray(updates, x.dtype))]
+
+
 @op("ScatterElements", "Scatter")
 def _scatter_elements(ctx, node, inputs):
     x, idx, upd = inputs
     axis = _axis(int(node.attr("axis", 0)), x.ndim)
-    reduction = node.attr("reduction", "none")
-    if reduction not in _SCATTER:
-        raise QtoolError(f"node {node.label()}: reduction '{reduction}' is not none, add, mul, max or min")
-    index = _along(_wrap(idx, x.shape[axis]), axis, idx.shape)
-    return [getattr(jnp.asarray(x).at[index], _SCATTER[reduction])(jnp.asarray(upd, x.dtype))]
+    return _scattered(node, x, _along(_wrap(idx, x.shape[axis]), axis, idx.shape), upd)
+
+
+@op("ScatterND")
+def _scatter_nd(ctx, node, inputs):
+    """``updates`` at the index tuples along the last axis of ``indices``: how PyTorch exports
+    ``cache[:, :, a:b] = x`` (a streaming model's caches: GTCRN writes 18 this way)."""
+    x, idx, upd = inputs
+    return _scattered(node, x, tuple(_wrap(idx[..., j], x.shape[j]) for j in range(idx.shape[-1])), upd)
 
 
 @op("OneHot")
