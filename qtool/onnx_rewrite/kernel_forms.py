@@ -203,22 +203,24 @@ PRELU_MIN_OPSET = 8  # Min broadcasts from opset 8
 
 
 def prelus_as_sums(graph: ir.Graph, names: NameScope, initializer: Initializer, opset: int) -> list[dict]:
-    """Every ``PRelu`` that reads a dequantized tensor becomes ``Relu(x) + Min(x, 0) * slope`` (module
-    docstring: the same values, faster in onnxruntime's NHWC integer graphs); returns what was rewritten."""
+    """Every ``PRelu`` that reads a tensor computed from dequantized ones becomes ``Relu(x) + Min(x, 0) *
+    slope`` (module docstring: the same values, faster in onnxruntime's NHWC integer graphs; a PRelu behind a
+    float batch norm or Add of dequantized tensors, SINet's, too); returns what was rewritten. A PRelu of
+    the model's float part (no dequantized tensor upstream) is left as it is."""
     done = []
     if opset < PRELU_MIN_OPSET:
         return done
+    quantized = _from_dequantized(graph)
     for prelu in list(graph):
         x = prelu.inputs[0] if is_onnx(prelu, "PRelu") and len(prelu.inputs) == 2 else None
-        dq = x.producer() if x is not None else None
-        if dq is None or not is_onnx(dq, DEQUANTIZE) or prelu.inputs[1] is None:
+        if x not in quantized or prelu.inputs[1] is None:
             continue
-        scale = constant_array(dq.inputs[1])
-        if scale is None or scale.dtype.kind != "f":
+        float_type = _float_type(x)
+        if float_type is None:
             continue
         base = names.prefix(f"{prelu.name or 'PRelu'}/as_sum", ["Relu", "Min", "Mul", "Add"],
                             ["zero", "positive", "negative", "scaled"])
-        zero = initializer(f"{base}/zero", np.zeros((), scale.dtype))
+        zero = initializer(f"{base}/zero", np.zeros((), float_type))
         positive = ir.node("Relu", [x], name=f"{base}/Relu")
         negative = ir.node("Min", [x, zero], name=f"{base}/Min")
         scaled = ir.node("Mul", [negative.outputs[0], prelu.inputs[1]], name=f"{base}/Mul")
@@ -240,14 +242,42 @@ def prelus_as_sums(graph: ir.Graph, names: NameScope, initializer: Initializer, 
     return done
 
 
+def _from_dequantized(graph: ir.Graph) -> set[ir.Value]:
+    """The values of ``graph`` computed from a DequantizeLinear's output (it included), in graph order."""
+    found: set[ir.Value] = set()
+    for node in graph:
+        if is_onnx(node, DEQUANTIZE) or any(v in found for v in node.inputs if v is not None):
+            found.update(node.outputs)
+    return found
+
+
+def _float_type(x: ir.Value) -> np.dtype | None:
+    """The numpy float type of ``x``: its own when known, else the scale's of the nearest DequantizeLinear it
+    is computed from (first inputs first); None when neither is a float type."""
+    dtype = value_dtype(x)
+    if dtype is not None:
+        return dtype.numpy() if dtype.is_floating_point() else None
+    seen, todo = set(), [x]
+    while todo:
+        node = todo.pop(0).producer()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if is_onnx(node, DEQUANTIZE):
+            scale = constant_array(node.inputs[1])
+            return scale.dtype if scale is not None and scale.dtype.kind == "f" else None
+        todo.extend(v for v in node.inputs if v is not None)
+    return None
+
+
 def prelus_from_sums(graph: ir.Graph) -> int:
     """Undo :func:`prelus_as_sums` before planning (qtool's own output rewritten again): each
     ``Add(Relu(x), Mul(Min(x, 0), slope))`` of a dequantized ``x`` becomes the ``PRelu`` it was, under its
     name, so that placement sees the PRelu (its ``Relu`` is no activation ending a layer chain) and the
     model comes out as it went in. Returns how many."""
-    count = 0
+    count, quantized = 0, _from_dequantized(graph)
     for add in list(graph):
-        found = _prelu_sum(add)
+        found = _prelu_sum(add, quantized)
         if found is None:
             continue
         x, slope, parts = found
@@ -269,9 +299,9 @@ def prelus_from_sums(graph: ir.Graph) -> int:
     return count
 
 
-def _prelu_sum(add: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]] | None:
-    """``(x, slope, [Relu, Min, Mul])`` when ``add`` is ``Relu(x) + Min(x, 0) * slope`` of a dequantized x,
-    each part read by the next alone."""
+def _prelu_sum(add: ir.Node, quantized: set[ir.Value]) -> tuple[ir.Value, ir.Value, list[ir.Node]] | None:
+    """``(x, slope, [Relu, Min, Mul])`` when ``add`` is ``Relu(x) + Min(x, 0) * slope`` of an x among
+    ``quantized`` (computed from dequantized tensors), each part read by the next alone."""
     if not is_onnx(add, "Add") or len(add.inputs) != 2 or None in add.inputs:
         return None
     producers = [v.producer() for v in add.inputs]
@@ -282,7 +312,7 @@ def _prelu_sum(add: ir.Node) -> tuple[ir.Value, ir.Value, list[ir.Node]] | None:
     low = mul.inputs[0].producer() if mul.inputs[0] is not None else None
     x = relu.inputs[0]
     if low is None or not is_onnx(low, "Min") or len(low.inputs) != 2 or low.inputs[0] is not x \
-            or x is None or x.producer() is None or not is_onnx(x.producer(), DEQUANTIZE):
+            or x not in quantized:
         return None
     zero = constant_array(low.inputs[1])
     if zero is None or zero.size != 1 or zero.item() != 0 or mul.inputs[1] is None:
