@@ -148,13 +148,13 @@ def _while(ctx: Context, node: Node, body: Body, trips, cond, values: list, k: i
     if k:
         raise QtoolError(f"node {node.label()}: a Loop whose trip count is computed from data has scan outputs "
                          "(their length would depend on the data); the JAX interpreter needs static shapes")
-    read = [name for name in [*node.inputs, *body.reads] if name]
+    scope = ctx.scope
+    read = [name for name in [*node.inputs, *body.reads] if name and _floating(scope.get(name))]
     trained = next((name for name in read if ctx.trained(name)), None)
     if trained is not None:
         raise QtoolError(f"node {node.label()}: a Loop whose trip count is computed from data (a while loop) reads "
                          f"'{trained}', which depends on trained values; JAX cannot differentiate a while loop "
                          "in reverse mode (a static trip count can: it runs as a scan)")
-    scope = ctx.scope
     limit = None if trips is None else jnp.reshape(jnp.asarray(trips), ())
     start = jnp.reshape(jnp.asarray(cond), ()).astype(bool)
 
@@ -170,6 +170,11 @@ def _while(ctx: Context, node: Node, body: Body, trips, cond, values: list, k: i
 
     carry = [jnp.asarray(0, jnp.int32), start, *(jnp.asarray(v) for v in values)]
     return list(lax.while_loop(running, step, carry)[2:])
+
+
+def _floating(value) -> bool:
+    """Whether a gradient can flow through ``value`` (a trip count or a condition carries none)."""
+    return value is not None and jnp.issubdtype(value.dtype, jnp.floating)
 
 
 # --- the iteration shared by Loop and Scan ----------------------------------------------------------------------

@@ -288,3 +288,33 @@ def test_finetune_trains_a_model_with_an_if_on_its_sample_rate(tmp_path, rate):
     assert not np.array_equal(*weights)  # trained
     tuned = _ort(onnx.load(str(tmp_path / "tuned.onnx")), {**data, "qtool_step": np.array(10**6, np.int64)})
     assert tuned["y"].shape == (16, 4 if rate == 16000 else 2)
+
+
+def _while_after_a_layer_model():
+    """A quantized layer (``h = x @ w``), then a while loop over ``h`` (a trip count computed from the data):
+    training would need the gradient through the loop to reach ``w``."""
+    body = _graph("body", [helper.make_node("Tanh", ["h_in"], ["h_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+                  inputs=[_v("i", TensorProto.INT64, []), _v("c_in", TensorProto.BOOL, []), _v("h_in", F, ["n", 4])],
+                  outputs=[_v("c_out", TensorProto.BOOL, []), "h_out"])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("ReduceMax", ["x"], ["xm"], keepdims=0),
+             _const("lo", np.float32(1)), _const("hi", np.float32(4)), helper.make_node("Clip", ["xm", "lo", "hi"], ["xc"]),
+             helper.make_node("Cast", ["xc"], ["M"], to=TensorProto.INT64),
+             helper.make_node("Loop", ["M", "", "h"], ["y"], name="/decode/Loop", body=body)]
+    return _model(nodes, [_v("x", F, ["n", 4])], [_v("y", F, ["n", 4])], {"w": _r(4, 4)})
+
+
+def test_finetune_cli_refuses_training_through_a_while_loop_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from qtool.cli import main
+
+    data = tmp_path / "data.npz"
+    np.savez(data, x=_r(8, 4) + 2)
+    rewrite_train(_while_after_a_layer_model(), str(tmp_path / "q.onnx"), calibration_data=str(data))
+    result = CliRunner().invoke(main, ["finetune", str(tmp_path / "q.onnx"), "--data", str(data), "-o",
+                                       str(tmp_path / "t.onnx"), "--steps", "2", "--quiet"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output
+    assert "node '/decode/Loop' (Loop): a Loop whose trip count is computed from data (a while loop) reads 'h'" in lines[0]
+    assert "JAX cannot differentiate a while loop in reverse mode" in lines[0]
