@@ -25,9 +25,10 @@ import numpy as np
 from jax import lax
 
 from qtool.errors import QtoolError
-from qtool.finetune.interpreter import Body, Context, Node, _axis, concrete, op
+from qtool.finetune.interpreter import Body, Context, NeedsConstant, Node, _axis, concrete, op
 
 MAX_MASKED = 4096  # a Loop with a data condition runs as a masked scan up to this trip count
+MAX_UNROLLED = 1024  # a loop whose body needs a carried value as a constant is unrolled up to this many iterations
 
 
 # --- If ------------------------------------------------------------------------------------------------------
@@ -70,7 +71,10 @@ def _scan(ctx: Context, node: Node, inputs):
         outs = ctx.run_body(body, scope, list(carry) + list(slices))
         return outs[:n], outs[n:]
 
-    carry, ys = _iterate(ctx, node, body, step, states, xs, length, body.outputs[:n])
+    try:
+        carry, ys = _iterate(ctx, node, body, step, states, xs, length, body.outputs[:n])
+    except NeedsConstant as exc:
+        carry, ys = _iterate(ctx, node, body, step, states, xs, length, body.outputs[:n], unroll=exc)
     out_axes = node.attr("scan_output_axes") or [0] * k
     out_dirs = node.attr("scan_output_directions") or [0] * k
     return list(carry) + [_time_back(y, int(a), int(d)) for y, a, d in zip(ys, out_axes, out_dirs)]
@@ -102,6 +106,17 @@ def _loop(ctx: Context, node: Node, inputs):
     k = len(body.outputs) - 1 - len(values)
     if trips is not None and concrete(trips):
         trips = int(np.asarray(trips).reshape(-1)[0])
+    try:
+        return _traced_loop(ctx, node, body, trips, cond, values, k)
+    except NeedsConstant as exc:
+        if not (isinstance(trips, int) and concrete(cond)):
+            raise NeedsConstant(f"{exc}; in the body of a Loop whose trip count or condition is computed from "
+                                "data, which the interpreter cannot unroll") from exc
+        return _loop_scan(ctx, node, body, trips, cond, values, unroll=exc)
+
+
+def _traced_loop(ctx: Context, node: Node, body: Body, trips, cond, values: list, k: int) -> list:
+    """A Loop as a scan (plain, or masked by a data condition), a while loop, or on the host."""
     host = isinstance(trips, int) and _on_host(ctx, body, [cond, *values])
     if not host and concrete(cond) and bool(np.asarray(cond).reshape(-1)[0]) and isinstance(trips, int):
         try:
@@ -116,10 +131,11 @@ def _loop(ctx: Context, node: Node, inputs):
     return _loop_scan(ctx, node, body, trips, cond, values)
 
 
-def _loop_scan(ctx: Context, node: Node, body: Body, trips: int, cond, values: list) -> list:
+def _loop_scan(ctx: Context, node: Node, body: Body, trips: int, cond, values: list, unroll=None) -> list:
     """``trips`` iterations as a scan. ``cond`` None: every iteration runs (the body's condition must be the
     constant true, else :class:`_DataCondition`); else the first carried value is whether the loop still runs,
-    and the values stop changing once it is false (on the host the loop stops)."""
+    and the values stop changing once it is false (on the host, or unrolled while it is a constant, the loop
+    stops). ``unroll``: the :class:`NeedsConstant` that makes the loop unroll (see :func:`_iterate`)."""
     scope, n = ctx.scope, len(values)
     names = ["condition", *body.outputs[1:1 + n]] if cond is not None else body.outputs[1:1 + n]
 
@@ -139,7 +155,11 @@ def _loop_scan(ctx: Context, node: Node, body: Body, trips: int, cond, values: l
     start = [] if cond is None else [np.asarray(cond).reshape(()) if concrete(cond) else
                                      jnp.reshape(cond, ()).astype(bool)]
     carry, ys = _iterate(ctx, node, body, step, [*start, *values], [], trips, names,
-                         running=(lambda c: bool(c[0])) if cond is not None else None)
+                         running=(lambda c: not concrete(c[0]) or bool(c[0])) if cond is not None else None,
+                         unroll=unroll)
+    if ys and start and not concrete(carry[0]):
+        raise QtoolError(f"node {node.label()}: a Loop whose condition is computed from data has scan outputs (their "
+                         "length would depend on the data); the JAX interpreter needs static shapes")
     return list(carry[len(start):]) + list(ys)
 
 
@@ -184,20 +204,27 @@ def _on_host(ctx: Context, body: Body, values: list) -> bool:
 
 
 def _iterate(ctx: Context, node: Node, body: Body, step, carry: list, xs: list, length: int, names: list,
-             running=None):
+             running=None, unroll: NeedsConstant | None = None):
     """``length`` iterations of ``step(carry, slices of xs, i) -> (carry, outputs)``: the last carry and
-    each output stacked on a new first axis. On the host (numpy) when every value read is constant (and then
-    ``running(carry)`` false stops early), else as ``lax.scan``."""
-    if length > 0 and _on_host(ctx, body, [*carry, *xs]):
+    each output stacked on a new first axis. In Python, one iteration after the other, on the host (numpy)
+    when every value read is constant, or ``unroll``ed (traced, up to ``MAX_UNROLLED`` iterations: a body that
+    needs a value it carries, a step counter, as a constant: paddle's decoders slice their buffers at it);
+    ``running(carry)`` false stops early. Else as ``lax.scan``."""
+    if length > 0 and (unroll is not None or _on_host(ctx, body, [*carry, *xs])):
         outs = []
         for i in range(length):
             if running is not None and not running(carry):
                 break
+            if i == MAX_UNROLLED and unroll is not None:
+                raise QtoolError(f"{unroll}; the loop around it needs it as a constant and was unrolled, but it "
+                                 f"runs more than {MAX_UNROLLED} iterations")
             carry, ys = step(carry, [x[i] for x in xs], np.asarray(i, np.int64))
             outs.append(ys)
-        if outs and all(concrete(v) for v in [*carry, *outs[-1]]):
-            return carry, [np.stack([o[j] for o in outs]) for j in range(len(outs[0]))]
         if outs:
+            xp = np if all(concrete(o) for ys in outs for o in ys) else jnp
+            stacked = [xp.stack([o[j] for o in outs]) for j in range(len(outs[0]))]
+            if unroll is not None or all(concrete(v) for v in [*carry, *stacked]):
+                return carry, stacked
             raise QtoolError(f"node {node.label()}: its body computed a traced value from constants")
     init = (jnp.asarray(0, jnp.int32), [jnp.asarray(v) for v in carry])
 

@@ -202,12 +202,16 @@ def _np(v) -> np.ndarray:
     return np.asarray(v)
 
 
+class NeedsConstant(QtoolError):
+    """A value that must be known at trace time is traced (a loop then unrolls: its counter stays constant)."""
+
+
 def _static(node: Node, v, what: str) -> np.ndarray:
     """A value that must be known at trace time (a shape, axes, pads, sizes)."""
     if v is None:
         return None
     if not concrete(v):
-        raise QtoolError(f"node {node.label()}: its {what} is computed from data or trainable values; "
+        raise NeedsConstant(f"node {node.label()}: its {what} is computed from data or trainable values; "
                          "the JAX interpreter needs it constant (static shapes)")
     return v
 

@@ -245,6 +245,44 @@ def test_while_loop_runs_forward_and_refuses_training_through_it():
     assert "a Loop whose trip count is computed from data (a while loop) reads 'W'" in message
 
 
+def _counter_loop_model(trips_from_data=False):
+    """paddle's decoder loop: a step counter ``c`` carried (from 0), the body slicing ``x`` at it (``x[c:c+1]``,
+    a Slice whose start must be a constant), its square summed into ``acc`` and a scan output; it stops when ``c + 1``
+    reaches 4 (the trip count, 10, is larger; ``trips_from_data``: at least 5, computed from x, and no scan
+    output)."""
+    i64 = TensorProto.INT64
+    b_nodes = [_const("one", np.array([1], np.int64)), _const("zero", np.array([0], np.int64)),
+               helper.make_node("Add", ["c_in", "one"], ["c_out"]),
+               helper.make_node("Slice", ["x", "c_in", "c_out", "zero"], ["row"]),
+               helper.make_node("Mul", ["row", "row"], ["sq"]), helper.make_node("Add", ["acc_in", "sq"], ["acc_out"]),
+               helper.make_node("Identity", ["sq"], ["y_t"]), _const("four", np.array([4], np.int64)),
+               helper.make_node("Less", ["c_out", "four"], ["lt"]), helper.make_node("Squeeze", ["lt", "zero"], ["go"])]
+    body = _graph("body", b_nodes, inputs=[_v("i", i64, []), _v("c_in_cond", TensorProto.BOOL, []),
+                                           _v("c_in", i64, [1]), _v("acc_in", F, [1, 3])],
+                  outputs=[_v("go", TensorProto.BOOL, []), _v("c_out", i64, [1]), "acc_out"] + ([] if trips_from_data else ["y_t"]))
+    nodes = [_const("c0", np.array([0], np.int64)), _const("acc0", np.zeros((1, 3), np.float32)), _const("T", np.bool_(True))]
+    if trips_from_data:
+        nodes += [helper.make_node("ReduceMax", ["x"], ["xm"], keepdims=0), _const("lo", np.float32(5)),
+                  helper.make_node("Max", ["xm", "lo"], ["xc"]), helper.make_node("Cast", ["xc"], ["M"], to=i64)]
+    else:
+        nodes.append(_const("M", np.int64(10)))
+    outs = ["c_last", "acc"] + ([] if trips_from_data else ["y"])
+    nodes.append(helper.make_node("Loop", ["M", "T", "c0", "acc0"], outs, body=body))
+    return _model(nodes, [_v("x", F, [6, 3])], [_v("c_last", i64, [1])] + outs[1:], {})
+
+
+def test_loop_whose_body_needs_its_counter_as_a_constant_unrolls():
+    feeds = {"x": _r(6, 3)}
+    interp = _agrees(_counter_loop_model(), feeds)
+    assert interp.run(feeds)["y"].shape == (4, 1, 3)
+    _gradient_agrees(interp, feeds, ["x"], "acc")
+    with pytest.raises(QtoolError) as info:
+        jax.jit(Interpreter(_counter_loop_model(trips_from_data=True)).run)(feeds)
+    assert "\n" not in str(info.value)
+    assert "in the body of a Loop whose trip count or condition is computed from data, which the interpreter " \
+           "cannot unroll" in str(info.value)
+
+
 def test_loop_of_constants_runs_on_the_host_and_stops_at_its_condition():
     model = _loop_model(2**62, True, "data", scan_output=True)  # a while loop (PyTorch's huge trip count)
     model.graph.ClearField("input")
