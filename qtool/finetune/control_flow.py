@@ -16,10 +16,13 @@ arrays, as in the main graph, so shapes stay static inside it.
   ``lax.while_loop``: forward only, refused where it reads a trained value (JAX has no reverse-mode
   gradient for it).
 - A loop whose every input is a constant runs on the host (numpy), as constant folding.
+- A loop whose body needs a value it carries as a constant (a step counter a ``Slice`` starts at) is
+  unrolled: its iterations run one after the other at trace time (up to ``MAX_UNROLLED``).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -117,7 +120,8 @@ def _loop(ctx: Context, node: Node, inputs):
 
 def _traced_loop(ctx: Context, node: Node, body: Body, trips, cond, values: list, k: int) -> list:
     """A Loop as a scan (plain, or masked by a data condition), a while loop, or on the host."""
-    host = isinstance(trips, int) and _on_host(ctx, body, [cond, *values])
+    stopped = concrete(cond) and not bool(np.asarray(cond).reshape(-1)[0])  # no iteration runs
+    host = isinstance(trips, int) and (stopped or _on_host(ctx, body, [cond, *values]))
     if not host and concrete(cond) and bool(np.asarray(cond).reshape(-1)[0]) and isinstance(trips, int):
         try:
             return _loop_scan(ctx, node, body, trips, None, values)
@@ -210,7 +214,8 @@ def _iterate(ctx: Context, node: Node, body: Body, step, carry: list, xs: list, 
     when every value read is constant, or ``unroll``ed (traced, up to ``MAX_UNROLLED`` iterations: a body that
     needs a value it carries, a step counter, as a constant: paddle's decoders slice their buffers at it);
     ``running(carry)`` false stops early. Else as ``lax.scan``."""
-    if length > 0 and (unroll is not None or _on_host(ctx, body, [*carry, *xs])):
+    stopped = running is not None and not running(carry)
+    if length > 0 and (unroll is not None or stopped or _on_host(ctx, body, [*carry, *xs])):
         outs = []
         for i in range(length):
             if running is not None and not running(carry):
@@ -220,12 +225,14 @@ def _iterate(ctx: Context, node: Node, body: Body, step, carry: list, xs: list, 
                                  f"runs more than {MAX_UNROLLED} iterations")
             carry, ys = step(carry, [x[i] for x in xs], np.asarray(i, np.int64))
             outs.append(ys)
-        if outs:
-            xp = np if all(concrete(o) for ys in outs for o in ys) else jnp
-            stacked = [xp.stack([o[j] for o in outs]) for j in range(len(outs[0]))]
-            if unroll is not None or all(concrete(v) for v in [*carry, *stacked]):
-                return carry, stacked
-            raise QtoolError(f"node {node.label()}: its body computed a traced value from constants")
+        if not outs:  # stopped before its first iteration: outputs of length 0, shaped as one would be
+            shapes = jax.eval_shape(lambda: step(carry, [x[0] for x in xs], np.asarray(0, np.int64))[1])
+            return carry, [np.zeros((0, *s.shape), s.dtype) for s in shapes]
+        xp = np if all(concrete(o) for ys in outs for o in ys) else jnp
+        stacked = [xp.stack([o[j] for o in outs]) for j in range(len(outs[0]))]
+        if unroll is not None or all(concrete(v) for v in [*carry, *stacked]):
+            return carry, stacked
+        raise QtoolError(f"node {node.label()}: its body computed a traced value from constants")
     init = (jnp.asarray(0, jnp.int32), [jnp.asarray(v) for v in carry])
 
     def scan_step(c, slices):

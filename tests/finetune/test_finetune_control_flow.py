@@ -283,6 +283,13 @@ def test_loop_whose_body_needs_its_counter_as_a_constant_unrolls():
            "cannot unroll" in str(info.value)
 
 
+def test_loop_whose_condition_is_false_at_the_start_runs_no_iteration():
+    model = _loop_model(5, False, "same")
+    feeds = {"x": _r(2, 3), "W": _r(3, 3)}
+    interp = _agrees(model, feeds)
+    assert interp.run(feeds)["y"].shape == (0, 2, 3)
+
+
 def test_loop_of_constants_runs_on_the_host_and_stops_at_its_condition():
     model = _loop_model(2**62, True, "data", scan_output=True)  # a while loop (PyTorch's huge trip count)
     model.graph.ClearField("input")
