@@ -48,7 +48,7 @@ from qtool.finetune.config import (
     FinetuneResult,
     _fmt_metric,
 )
-from qtool.finetune.interpreter import Interpreter
+from qtool.finetune.interpreter import Interpreter, bodies
 from qtool.model.io import check_output_path, load_model, save_model
 from qtool.onnx_rewrite import train_graph as tg
 
@@ -448,8 +448,9 @@ def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
     ``ReduceMin``/``ReduceMax`` (at the batch's extreme elements, scaled by the decay): a term TF's
     straight-through gradient does not have (spec section 7)."""
     states = {name for pair in roles.ranges for name in pair}
-    producer = {out: node for node in interp.nodes for out in node.outputs}
-    subs = [n for n in interp.nodes if n.op_type == "Sub" and n.domain == "" and n.inputs[0] in states]
+    nodes = list(_all_nodes(interp.nodes))  # an If branch's quantizers too (rewrite-train's train_branches)
+    producer = {out: node for node in nodes for out in node.outputs}
+    subs = [n for n in nodes if n.op_type == "Sub" and n.domain == "" and n.inputs[0] in states]
     deltas = {n.outputs[0] for n in subs}
 
     def is_update(node) -> bool:  # Sub(state, Mul(delta, decay)): the assignment, not the delta
@@ -457,6 +458,14 @@ def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
         return made is not None and made.op_type == "Mul" and any(i in deltas for i in made.inputs)
 
     return frozenset(n.inputs[1] for n in subs if not is_update(n))
+
+
+def _all_nodes(nodes):
+    """``nodes`` and the nodes of their subgraphs, at any depth."""
+    for node in nodes:
+        yield node
+        for body in bodies(node):
+            yield from _all_nodes(body.nodes)
 
 
 def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, optimizer, fixed: dict) -> Callable:

@@ -363,3 +363,45 @@ def test_finetune_cli_refuses_training_through_a_while_loop_in_one_line(tmp_path
     assert len(lines) == 1 and "Traceback" not in result.output
     assert "node '/decode/Loop' (Loop): a Loop whose trip count is computed from data (a while loop) reads 'h'" in lines[0]
     assert "JAX cannot differentiate a while loop in reverse mode" in lines[0]
+
+
+def _branch_ops(path) -> dict:
+    counts = {}
+    for node in onnx.load(str(path)).graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                counts[attr.name] = sorted(n.op_type for n in attr.g.node)
+    return counts
+
+
+def test_an_if_branch_quantized_for_training_trains_and_deploys_as_trained(tmp_path):
+    """rewrite-train quantizes the branch the data takes (its state in the enclosing graph, returned through
+    the If); the interpreter runs the training graph as onnxruntime does (either rate: the other branch passes
+    the state through); finetune trains the branch's weight and ranges; rewrite-eval deploys the branch with
+    the trained ranges, bit for bit the tuned training graph."""
+    from qtool.api import rewrite_eval
+    from qtool.finetune.train import _moving_average_inputs, _open_graph
+    from qtool.onnx_rewrite.train_graph import training_contract
+
+    data = {"x": _r(16, 4), "sr": np.array(16000, np.int64)}
+    q, tuned, deployed = tmp_path / "q.onnx", tmp_path / "t.onnx", tmp_path / "d.onnx"
+    rewrite_train(_rate_if_model(), str(q), calibration_data=data)
+    contract = training_contract(str(q))
+    assert "w16" in contract["parameters"] and "MatMul_2/act_quant/min" in contract["state"]
+    model = onnx.load(str(q))
+    for rate in (16000, 8000):
+        feeds = {"x": data["x"], "sr": np.array(rate, np.int64), "qtool_step": np.array(0, np.int64)}
+        ours = Interpreter(model).run(feeds)
+        for name, want in _ort(model, feeds).items():
+            np.testing.assert_allclose(np.asarray(ours[name]), want, rtol=1e-6, atol=1e-6, err_msg=f"{rate} {name}")
+    graph = _open_graph(str(q), FinetuneConfig(steps=1), [])  # the gradient stops at the branch's batch ranges too
+    assert len(_moving_average_inputs(graph.interp, graph.roles)) == 2 * len(set(graph.roles.ranges)) == 8
+    finetune(str(q), data, str(tuned), FinetuneConfig(steps=4, batch_size=8, learning_rate=1e-2, keep_best=False))
+    before, after = ({t.name: numpy_helper.to_array(t) for t in onnx.load(str(p)).graph.initializer} for p in (q, tuned))
+    assert not np.array_equal(before["w16"], after["w16"])
+    assert before["MatMul_2/act_quant/max"] != after["MatMul_2/act_quant/max"]
+    rewrite_eval(str(tuned), str(deployed))
+    assert "QuantizeLinear" in _branch_ops(deployed)["then_branch"]
+    assert "QuantizeLinear" not in _branch_ops(deployed)["else_branch"]
+    held = _ort(onnx.load(str(tuned)), {**data, "qtool_step": np.array(10**6, np.int64)})["y"]
+    np.testing.assert_array_equal(_ort(onnx.load(str(deployed)), data)["y"], held)
