@@ -143,7 +143,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
-        given_all = (prepared.trained.branch_ranges or None) if prepared.trained is not None else None
+        given_all = prepared.trained.branch_ranges if prepared.trained is not None else None
     if auto:
         prepared, found, encoding, branches, check = _best_calibration(source, prepared, observed, reference, data,
                                                                        calibration, quant, opened.label, progress)

@@ -176,9 +176,9 @@ def replace_if(graph: ir.Graph, node: ir.Node, count: int) -> ir.Node:
     new = ir.Node("", "If", node.inputs, node.attributes.values(), num_outputs=count, name=node.name)
     graph.insert_after(node, new)
     for old, out in zip(node.outputs, new.outputs):
-        name, shape, dtype = old.name, old.shape, old.dtype
+        name, shape, vtype = old.name, old.shape, old.type
         old.replace_all_uses_with(out, replace_graph_outputs=True)
-        old.name, out.name, out.shape, out.dtype = None, name, shape, dtype
+        old.name, out.name, out.shape, out.type = None, name, shape, vtype
     for old in node.outputs[count:]:
         if old.is_graph_output():
             graph.outputs.remove(old)

@@ -592,7 +592,8 @@ class TrainedState:
     batch_norm_outputs: dict[str, str]  # batch norm name -> its output tensor name
     contract: dict
     # the trained If branches' ranges, named as rewrite-eval names a branch's: "<If>:<branch>:<tensor>"
-    branch_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # (None: no branch was trained; a branch without activation quantizers, an LSTM's, has none)
+    branch_ranges: dict[str, tuple[float, float]] | None = None
 
     def ranges_after_fold(self, graph: ir.Graph, folds) -> dict[str, tuple[float, float]]:
         """The ranges keyed by tensor names after the eval fold (a folded batch norm's output
@@ -648,7 +649,7 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
         contract = training_contract(model)
         branches = _detach_branches(model, contract)
         state = _strip(model, contract)
-        state.branch_ranges = _strip_branches(model, contract, branches)
+        state.branch_ranges = _strip_branches(model, contract, branches) if branches else None
         check_finite_parameters(model.graph, label)  # the trained statistics and weights
         return state
     except QtoolError as exc:
