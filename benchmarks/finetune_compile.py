@@ -53,7 +53,8 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
     config = FinetuneConfig(steps=10, batch_size=batch_size).normalized()
     graph = T._open_graph(model, config, [])
     train, _, _ = T._open_data(data, config, graph)
-    run = T._build_run(graph, config, 0)
+    run = T._build_run(graph, config, 0, train.fixed)
+    fixed = train.fixed  # inputs without a batch axis: constants of the compiled programs
     batch = train.feed(np.arange(T._batch_size(config, train, [])))
     forward, outputs = run.forward, run.roles.data_outputs
     step = jnp.int32(T._TEACHER_STEP)
@@ -62,10 +63,10 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
         hyper = T._schedule(1e-4, config.steps, 0, config.schedule)
         args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), hyper)
     elif program == "teacher":
-        fn = jax.jit(lambda feed, b: [forward(feed, b, step, False)[o] for o in outputs])
+        fn = jax.jit(lambda feed, b: [forward(feed, {**b, **fixed}, step, False)[o] for o in outputs])
         args = (run.teacher_feed, batch)
     else:
-        fn = jax.jit(lambda p, s, b: [forward({**s, **p}, b, step, True)[o] for o in outputs])
+        fn = jax.jit(lambda p, s, b: [forward({**s, **p}, {**b, **fixed}, step, True)[o] for o in outputs])
         args = (run.params0, run.state0, batch)
     t0 = time.perf_counter()
     lowered = fn.lower(*args)

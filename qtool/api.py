@@ -46,6 +46,7 @@ from qtool.onnx_rewrite.branches import (
 )
 from qtool.onnx_rewrite.eval_rewrite import encode_eval, fold_and_plan, prepare_branch, prepare_eval, raise_opset
 from qtool.onnx_rewrite.report import BranchResult, Files, RewriteResult, TrainResult, eval_messages
+from qtool.onnx_rewrite.train_branches import TrainedBranch, join_branches, splice_trained
 from qtool.onnx_rewrite.train_rewrite import encode_train, existing_contract, prepare_train
 from qtool.simulate import latency
 from qtool.simulate.config import SimulateConfig
@@ -142,6 +143,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     else:
         found = prepared.trained_ranges()
         ranges_from = "the training graph's trained state" if found is not None else None
+        given_all = prepared.trained.branch_ranges if prepared.trained is not None else None
     if auto:
         prepared, found, encoding, branches, check = _best_calibration(source, prepared, observed, reference, data,
                                                                        calibration, quant, opened.label, progress)
@@ -259,13 +261,9 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
     branches in turn. ``encode=False``: only calibrated (``BranchResult.ranges``), for a ranges file.
     ``progress(done, total)`` after each batch of each branch's calibration pass."""
     found = if_branches(model.graph)
-    capture = None
-    if found and data is not None:
-        reads = [v for node, attr in found for v in outer_reads(node.attributes[attr].as_graph())]
-        try:
-            capture = BranchCapture(model, reads, [node.inputs[0] for node, _ in found])
-        except QtoolError as exc:
-            return [BranchResult(node.name, attr, branch_layers(node, attr), reason=str(exc)) for node, attr in found]
+    capture, why = _branch_capture(model, found, data)
+    if why is not None:
+        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
     types = inferred_types(model.graph) if found else {}
     results = []
     for node, attr in found:
@@ -290,14 +288,10 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
     config = branch_config(config, extracted.model.graph)
     if config is None:
         return "outside --scope"
-    feeds = None
-    if capture is not None:
-        feeds = BranchData(capture, data, calibration.batch_size, node.inputs[0].name, attr == "then_branch",
-                           [v.name for v in extracted.model.graph.inputs])
-        if feeds.num_samples == 0:
-            return "no calibration sample took this branch"
-        extracted.type_inputs(feeds.dtypes)
-    elif given is None:
+    feeds = _branch_feeds(extracted, capture, data, calibration)
+    if isinstance(feeds, str):
+        return feeds
+    if feeds is None and given is None:
         return "not calibrated (no --data or --ranges)"
     prepared = prepare_branch(extracted.model, config)
     observed = None
@@ -393,10 +387,91 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
         observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress,
                                       whole=prepared.whole_range_tensors())
         ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
+    branches = _train_branches(prepared.model, quant, schedule, data, calibration, progress)
     encoded = encode_train(prepared, schedule, ranges)
+    trained = [b for b in branches if isinstance(b, TrainedBranch)]
+    if trained:
+        join_branches(prepared.model, trained, encoded.contract)
+        finish_branches(prepared.model.graph)
     files = _save(opened)
     ignored = list(data.ignored) if data is not None else []
-    return TrainResult(prepared.model, files, quant, schedule, encoded.contract, prepared, encoded, observed, ignored)
+    return TrainResult(prepared.model, files, quant, schedule, encoded.contract, prepared, encoded, observed, ignored,
+                       [b for b in branches if not isinstance(b, TrainedBranch)],
+                       [f"inside If '{b.node.name}' ({b.attribute})" for b in trained])
+
+
+def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: CalibrationData | None,
+                    calibration: CalibrationConfig, progress=None) -> list:
+    """Every If branch of ``model``'s graph that holds a layer op, encoded for training as a model of its own
+    (``onnx_rewrite.train_branches``): calibrated on the samples that take it (none: it stays float, as
+    ``rewrite-eval`` leaves it; no data at all: TensorFlow's default ranges), encoded by ``encode_train``,
+    and moved back with its training state in the enclosing graph. Returns a :class:`TrainedBranch`, or a
+    :class:`BranchResult` saying why it stays float, per branch. Before the enclosing graph's encoding (the
+    branches read its tensors as the calibration session computes them)."""
+    found = if_branches(model.graph)
+    capture, why = _branch_capture(model, found, data)
+    types = inferred_types(model.graph) if found else {}
+    results = []
+    for node, attr in found:
+        layers = branch_layers(node, attr)
+        extracted = extract_branch(node, attr, model, types)
+        done = why
+        try:
+            if done is None:
+                done = _train_branch(extracted, capture, data, config, calibration, schedule, progress)
+        finally:
+            if isinstance(done, dict):
+                results.append(splice_trained(extracted, done, model.graph))
+            else:
+                extracted.splice()
+                results.append(BranchResult(node.name, attr, layers, reason=done))
+    return results
+
+
+def _train_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig,
+                  schedule: TrainSchedule, progress) -> dict | str:
+    """A branch model's training encoding: its contract, or the reason it stays float."""
+    config = branch_config(config, extracted.model.graph)
+    if config is None:
+        return "outside --scope"
+    feeds = _branch_feeds(extracted, capture, data, calibration)
+    if isinstance(feeds, str):
+        return feeds
+    if if_branches(extracted.model.graph):
+        return "it holds If branches of its own (not rewritten for training)"
+    prepared = prepare_train(extracted.model, config)
+    if prepared.model is not extracted.model:
+        return "its opset had to be raised"
+    ranges = {}
+    if feeds is not None and prepared.tensors_to_calibrate():
+        ranges = cal.collect_ranges(prepared.planned, prepared.tensors_to_calibrate(), feeds, calibration, config,
+                                    progress, whole=prepared.whole_range_tensors()).ranges
+    return encode_train(prepared, schedule, ranges).contract
+
+
+def _branch_capture(model, found: list, data: CalibrationData | None):
+    """The session that computes what the If branches ``found`` read, on ``data`` (None without data), and
+    the reason none could be built (then every branch stays float)."""
+    if not found or data is None:
+        return None, None
+    reads = [v for node, attr in found for v in outer_reads(node.attributes[attr].as_graph())]
+    try:
+        return BranchCapture(model, reads, [node.inputs[0] for node, _ in found]), None
+    except QtoolError as exc:
+        return None, str(exc)
+
+
+def _branch_feeds(extracted, capture, data, calibration: CalibrationConfig):
+    """The calibration batches that take the branch (None without data), or why there are none."""
+    if capture is None:
+        return None
+    node, attr = extracted.node, extracted.attribute
+    feeds = BranchData(capture, data, calibration.batch_size, node.inputs[0].name, attr == "then_branch",
+                       [v.name for v in extracted.model.graph.inputs])
+    if feeds.num_samples == 0:
+        return "no calibration sample took this branch"
+    extracted.type_inputs(feeds.dtypes)
+    return feeds
 
 
 def calibrate(model, data, tensors=None, *, quant: QuantConfig = QuantConfig(),

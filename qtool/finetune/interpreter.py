@@ -27,6 +27,7 @@ default without ``jax_enable_x64``); float64 is computed in float32.
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -64,6 +65,19 @@ class Node:
         return f"'{self.name}' ({self.domain + '::' if self.domain else ''}{self.op_type})"
 
 
+@dataclass
+class Body:
+    """A subgraph (an If branch, a Loop or Scan body): its nodes, own constants, formal inputs and outputs, and
+    ``reads``: the enclosing scopes' values it (or a graph nested in it) reads."""
+
+    name: str
+    nodes: list[Node]
+    initializers: dict[str, np.ndarray]
+    inputs: list[str]
+    outputs: list[str]
+    reads: frozenset
+
+
 @dataclass(frozen=True)
 class _Ref:
     name: str  # an attribute reference inside a function body
@@ -98,9 +112,29 @@ def _read_nodes(protos, opsets: dict[str, int], where: str) -> list[Node]:
     nodes = []
     for i, n in enumerate(protos):
         domain = "" if n.domain == "ai.onnx" else n.domain
-        nodes.append(Node(n.op_type, domain, n.name or f"{where}{n.op_type}_{i}", list(n.input), list(n.output),
-                          {a.name: _attr_value(a) for a in n.attribute}, opsets.get(domain, opsets.get("", 13))))
+        name = n.name or f"{where}{n.op_type}_{i}"
+        attrs = {a.name: _attr_value(a) for a in n.attribute}
+        for key, value in attrs.items():
+            if isinstance(value, onnx.GraphProto):
+                attrs[key] = _read_body(value, opsets, f"{name}/{key}/")
+        nodes.append(Node(n.op_type, domain, name, list(n.input), list(n.output), attrs,
+                          opsets.get(domain, opsets.get("", 13))))
     return nodes
+
+
+def _read_body(graph: onnx.GraphProto, opsets: dict[str, int], where: str) -> Body:
+    nodes = _read_nodes(graph.node, opsets, where)
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    inputs, outputs = [i.name for i in graph.input], [o.name for o in graph.output]
+    defined = set(inputs) | set(inits) | {o for n in nodes for o in n.outputs}
+    read = {i for n in nodes for i in n.inputs if i}
+    read |= {r for n in nodes for b in n.attrs.values() if isinstance(b, Body) for r in b.reads}
+    return Body(graph.name, nodes, inits, inputs, outputs, frozenset((read | set(outputs)) - defined))
+
+
+def bodies(node: Node) -> list[Body]:
+    """The subgraphs of ``node`` (an If's two branches, a Loop's or Scan's body)."""
+    return [v for v in node.attrs.values() if isinstance(v, Body)]
 
 
 def _as_proto(model) -> onnx.ModelProto:
@@ -149,6 +183,11 @@ class Context:
     range_grad: Callable[[str], bool] = field(default=lambda name: True)
     functions: dict = field(default_factory=dict)
     no_grad: frozenset = frozenset()  # values whose gradient stops (lax.stop_gradient)
+    # control flow (qtool.finetune.control_flow): the scope of the node being run (its values by name),
+    # ``run_body(body, scope, inputs) -> outputs``, and the values that reach a trainable feed
+    scope: Mapping = field(default_factory=dict)
+    run_body: Callable = None
+    trained: Callable[[str], bool] = field(default=lambda name: False)
 
 
 def concrete(v) -> bool:
@@ -163,12 +202,16 @@ def _np(v) -> np.ndarray:
     return np.asarray(v)
 
 
+class NeedsConstant(QtoolError):
+    """A value that must be known at trace time is traced (a loop then unrolls: its counter stays constant)."""
+
+
 def _static(node: Node, v, what: str) -> np.ndarray:
     """A value that must be known at trace time (a shape, axes, pads, sizes)."""
     if v is None:
         return None
     if not concrete(v):
-        raise QtoolError(f"node {node.label()}: its {what} is computed from data or trainable values; "
+        raise NeedsConstant(f"node {node.label()}: its {what} is computed from data or trainable values; "
                          "the JAX interpreter needs it constant (static shapes)")
     return v
 
@@ -188,6 +231,9 @@ _ONNX_TO_NP = {
 }
 if hasattr(onnx.TensorProto, "BFLOAT16"):
     _ONNX_TO_NP[onnx.TensorProto.BFLOAT16] = jnp.bfloat16
+
+
+_TRACED_DTYPES = {np.float64: np.float32, np.int64: np.int32, np.uint64: np.uint32}  # JAX without jax_enable_x64
 
 
 def _np_dtype(node: Node, to: int):
@@ -1041,9 +1087,7 @@ def _cast(ctx, node, inputs):
     dtype = _np_dtype(node, int(node.attr("to")))
     if concrete(x):
         return [np.asarray(x).astype(dtype)]
-    if dtype == np.float64:
-        dtype = np.float32
-    return [x.astype(dtype)]
+    return [x.astype(_TRACED_DTYPES.get(dtype, dtype))]
 
 
 @op("CastLike")
@@ -1363,10 +1407,13 @@ class Interpreter:
                                                           _read_nodes(f.node, fops, f"{f.name}/"), defaults)
         self._check(self.nodes, set())
         self.feedable = {n for n in self.input_names if n in self.initializers}
+        self._reached: dict[frozenset, frozenset] = {}
 
     def _check(self, nodes: list[Node], seen: set) -> None:
         for node in nodes:
             if (node.domain, node.op_type) in OPS:
+                for body in bodies(node):
+                    self._check(body.nodes, seen)
                 continue
             fn = self.functions.get((node.domain, node.op_type))
             if fn is not None:
@@ -1385,11 +1432,14 @@ class Interpreter:
     # --- evaluation ---------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, object], *, fake_quant: bool = True,
             range_grad: Callable[[str], bool] | None = None, outputs: list[str] | None = None,
-            no_grad: frozenset = frozenset()) -> dict:
+            no_grad: frozenset = frozenset(), trainable: frozenset = frozenset()) -> dict:
         """Evaluate the graph. ``feeds``: data inputs and any feedable initializer (traced or not);
         initializers not fed use their stored value. Returns ``{output name: array}``. The gradient
-        stops at the values named in ``no_grad``."""
-        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True), no_grad=no_grad)
+        stops at the values named in ``no_grad``. ``trainable``: the feeds a gradient is taken for (a
+        while loop that reads them is refused: JAX cannot differentiate it in reverse mode)."""
+        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True), no_grad=no_grad,
+                      trained=lambda name: name in self.reaching(trainable))
+        ctx.run_body = lambda body, scope, values: self._run_body(body, scope, values, ctx)
         env: dict[str, object] = {}
         for name, value in self.initializers.items():
             env[name] = value
@@ -1417,6 +1467,7 @@ class Interpreter:
             while inputs and inputs[-1] is None:
                 inputs.pop()
             impl = OPS.get((node.domain, node.op_type))
+            ctx.scope = env
             try:
                 if impl is not None:
                     outs = impl(ctx, node, inputs)
@@ -1431,6 +1482,33 @@ class Interpreter:
                 if name:
                     env[name] = lax.stop_gradient(value) if name in ctx.no_grad and not concrete(value) else value
 
+    def _run_body(self, body: Body, scope: Mapping, values: list, ctx: Context) -> list:
+        """A subgraph's outputs: its formal inputs bound to ``values``, the enclosing ``scope`` readable."""
+        local = dict(body.initializers)
+        local.update(zip(body.inputs, values))
+        env = ChainMap(local, scope)
+        self._run_nodes(body.nodes, env, ctx, {})
+        return [env[o] for o in body.outputs]
+
+    def reaching(self, sources: frozenset) -> frozenset:
+        """The names of the values computed from any of ``sources`` (through subgraphs too; a subgraph that
+        reads one taints all its values)."""
+        if sources not in self._reached:
+            tainted = set(sources)
+
+            def walk(nodes):
+                for node in nodes:
+                    subs = bodies(node)
+                    if any(i in tainted for i in node.inputs if i) or any(r in tainted for b in subs for r in b.reads):
+                        for b in subs:
+                            tainted.update(b.inputs)
+                            walk(b.nodes)
+                        tainted.update(o for o in node.outputs if o)
+
+            walk(self.nodes)
+            self._reached[sources] = frozenset(tainted)
+        return self._reached[sources]
+
     def _call_function(self, node: Node, inputs: list, ctx: Context) -> list:
         fn = self.functions[(node.domain, node.op_type)]
         attrs = dict(fn.defaults)
@@ -1442,4 +1520,4 @@ class Interpreter:
         return [local[o] for o in fn.outputs]
 
 
-from qtool.finetune import more_ops  # noqa: E402,F401 - registers more standard ops (it imports this module)
+from qtool.finetune import control_flow, more_ops  # noqa: E402,F401 - register more ops (they import this module)

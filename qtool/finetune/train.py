@@ -48,7 +48,7 @@ from qtool.finetune.config import (
     FinetuneResult,
     _fmt_metric,
 )
-from qtool.finetune.interpreter import Interpreter
+from qtool.finetune.interpreter import Interpreter, bodies
 from qtool.model.io import check_output_path, load_model, save_model
 from qtool.onnx_rewrite import train_graph as tg
 
@@ -70,9 +70,19 @@ class _Data:
     def fixed_batch(self) -> int | None:
         return self.loaded.fixed_batch
 
+    @property
+    def fixed(self) -> dict[str, np.ndarray]:
+        """The inputs with no batch axis (a sample rate, a static initial state): one array fed whole with every
+        batch, so the same over the whole dataset. They stay on the host, constants at trace time: an ``If`` on
+        the sample rate runs only its taken branch, shapes computed from them stay static."""
+        specs = self.loaded.specs
+        return {k: v for k, v in self.inputs.items() if k in specs and specs[k].batch_axis is None}
+
     def feed(self, rows) -> dict:
-        """The model's inputs for ``rows`` (a slice or sorted indices), on the device."""
-        return {k: jnp.asarray(v) for k, v in self.loaded.select(self.inputs, rows).items()}
+        """The model's batched inputs for ``rows`` (a slice or sorted indices), on the device (the
+        :attr:`fixed` ones are not fed: the compiled functions hold them)."""
+        fixed = self.fixed
+        return {k: jnp.asarray(v) for k, v in self.loaded.select(self.inputs, rows).items() if k not in fixed}
 
 
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
@@ -232,7 +242,7 @@ def finetune(model, data, output=None, config: FinetuneConfig | None = None,
     graph = _open_graph(model, config, notes)
     train, val, val_where = _open_data(data, config, graph)
     start_step = _start_step(graph, config, notes)
-    run = _build_run(graph, config, start_step)
+    run = _build_run(graph, config, start_step, train.fixed)
     batch_size = _batch_size(config, train, notes)
     validator = _build_validator(run, val, batch_size)
     before = validator.metric(run.params0, run.state0)
@@ -379,7 +389,7 @@ class _Run:
         return self.config.steps - self.start_step
 
 
-def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
+def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int, fixed: dict) -> _Run:
     params0, state0, teacher_feed = _initial_values(graph)
     forward = _forward_fn(graph)
     # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
@@ -389,7 +399,7 @@ def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int) -> _Run:
     # loss then stops the run with its message)
     optimizer = optax.apply_if_finite(optax.scale_by_adam(), max_consecutive_errors=MAX_SKIPPED)
     opt_state = optimizer.init(params0)
-    train_step = _train_step_fn(forward, graph.roles, config, optimizer)
+    train_step = _train_step_fn(forward, graph.roles, config, optimizer, fixed)
     return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, opt_state, train_step)
 
 
@@ -421,10 +431,11 @@ def _forward_fn(graph: _Graph) -> Callable:
         return not node_name.startswith(weight_prefixes)
 
     no_grad = _moving_average_inputs(interp, graph.roles)
+    trainable = frozenset(graph.roles.parameters) | {n for pair in graph.roles.ranges for n in pair}
 
     def forward(feed, batch, step, quantized):
         return interp.run({**moving, **feed, **batch, step_input: step}, fake_quant=quantized,
-                          range_grad=range_grad, no_grad=no_grad)
+                          range_grad=range_grad, no_grad=no_grad, trainable=trainable)
 
     return forward
 
@@ -437,8 +448,9 @@ def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
     ``ReduceMin``/``ReduceMax`` (at the batch's extreme elements, scaled by the decay): a term TF's
     straight-through gradient does not have (spec section 7)."""
     states = {name for pair in roles.ranges for name in pair}
-    producer = {out: node for node in interp.nodes for out in node.outputs}
-    subs = [n for n in interp.nodes if n.op_type == "Sub" and n.domain == "" and n.inputs[0] in states]
+    nodes = list(_all_nodes(interp.nodes))  # an If branch's quantizers too (rewrite-train's train_branches)
+    producer = {out: node for node in nodes for out in node.outputs}
+    subs = [n for n in nodes if n.op_type == "Sub" and n.domain == "" and n.inputs[0] in states]
     deltas = {n.outputs[0] for n in subs}
 
     def is_update(node) -> bool:  # Sub(state, Mul(delta, decay)): the assignment, not the delta
@@ -448,8 +460,17 @@ def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
     return frozenset(n.inputs[1] for n in subs if not is_update(n))
 
 
-def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, optimizer) -> Callable:
-    """The jitted training step: teacher, loss and gradients, the optimizer's update, the next state."""
+def _all_nodes(nodes):
+    """``nodes`` and the nodes of their subgraphs, at any depth."""
+    for node in nodes:
+        yield node
+        for body in bodies(node):
+            yield from _all_nodes(body.nodes)
+
+
+def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, optimizer, fixed: dict) -> Callable:
+    """The jitted training step: teacher, loss and gradients, the optimizer's update, the next state.
+    ``fixed``: the data's inputs without a batch axis, constants of the compiled step."""
     data_outputs = roles.data_outputs
     distill_w = config.distillation_weight if config.labels is not None else 1.0
 
@@ -464,6 +485,7 @@ def _train_step_fn(forward: Callable, roles: _Roles, config: FinetuneConfig, opt
         return loss, outs
 
     def train_step(params, state, opt_state, teacher_feed, batch, labels, step, hyper):
+        batch = {**batch, **fixed}
         teacher = forward(teacher_feed, batch, jnp.int32(_TEACHER_STEP), False)
         teacher_out = [jax.lax.stop_gradient(teacher[o]) for o in data_outputs]
         (loss, outs), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, batch, labels, step,
@@ -539,12 +561,14 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     # validation computes what rewrite-eval deploys: the stored ranges, not ranges moved by this batch
     held = {} if roles.range_update is None else {roles.range_update: jnp.float32(0.0)}
 
+    fixed = val.fixed  # constants of the compiled functions (the data's inputs without a batch axis)
+
     def eval_outputs(params, state, batch):
-        q = forward({**state, **params, **held}, batch, jnp.int32(eval_step_value), True)
+        q = forward({**state, **params, **held}, {**batch, **fixed}, jnp.int32(eval_step_value), True)
         return [q[o] for o in data_outputs]
 
     eval_jit = jax.jit(eval_outputs)
-    teacher_jit = jax.jit(lambda feed, batch: [forward(feed, batch, jnp.int32(_TEACHER_STEP), False)[o]
+    teacher_jit = jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
     metric_name = "accuracy" if val.labels is not None else "sqnr_db"
     eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(val.num))

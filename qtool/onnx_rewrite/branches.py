@@ -170,6 +170,22 @@ def _is_constant_node(value: ir.Value) -> bool:
     return producer is not None and producer.domain == "" and producer.op_type == "Constant"
 
 
+def replace_if(graph: ir.Graph, node: ir.Node, count: int) -> ir.Node:
+    """``node`` (an If whose branches now return ``count`` values) replaced by an If with ``count`` outputs;
+    its first outputs keep their names, types and readers."""
+    new = ir.Node("", "If", node.inputs, node.attributes.values(), num_outputs=count, name=node.name)
+    graph.insert_after(node, new)
+    for old, out in zip(node.outputs, new.outputs):
+        name, shape, vtype = old.name, old.shape, old.type
+        old.replace_all_uses_with(out, replace_graph_outputs=True)
+        old.name, out.name, out.shape, out.type = None, name, shape, vtype
+    for old in node.outputs[count:]:
+        if old.is_graph_output():
+            graph.outputs.remove(old)
+    graph.remove(node, safe=True)
+    return new
+
+
 def branch_layers(node: ir.Node, attribute: str) -> list[tuple[str, str]]:
     """``(name, op)`` of the layer ops in a branch (at any depth), for the report of a branch left float."""
     return [(n.name, n.op_type) for n in _layer_ops(node.attributes[attribute].as_graph())]

@@ -472,6 +472,8 @@ class TrainResult:
     encoded: TrainEncoded | None = None
     calibration: object | None = None  # qtool.calibrate.CalibrationResult
     ignored_arrays: list[str] = field(default_factory=list)
+    float_branches: list[BranchResult] = field(default_factory=list)  # If branches left float, and why
+    trained_branches: list[str] = field(default_factory=list)  # "inside If '<name>' (<branch>)", encoded
 
     @property
     def summary(self) -> dict:
@@ -500,11 +502,16 @@ class TrainResult:
             notes.append("calibration data: ignored array(s) not named like a model input: "
                          + ", ".join(self.ignored_arrays))
         p = self.prepared
-        inside = [x for x in p.plan.left_in_float if x.reason.endswith(IN_SUBGRAPH)]
-        if inside:  # silero-vad: its work inside If branches
-            warnings.append(f"{len(inside)} layer op(s) inside If/Loop/Scan bodies stay float in the training graph, "
-                            "and qtool finetune cannot train a graph with control flow; rewrite-eval --data "
-                            "quantizes If branches post-training")
+        inside = [x for x in p.plan.left_in_float if x.reason.endswith(IN_SUBGRAPH)
+                  and not any(x.reason.startswith(where) for where in self.trained_branches)]
+        if inside:  # Loop/Scan bodies, and If branches no calibration sample took
+            why = "; ".join(f"{b.where}: {b.reason}" for b in self.float_branches)
+            warnings.append(f"{len(inside)} layer op(s) inside If/Loop/Scan bodies stay float in the training graph"
+                            + (f" ({why})" if why else "") + "; rewrite-eval --data quantizes If branches "
+                            "post-training")
+        if self.trained_branches:
+            notes.append("If branches quantized for training as models of their own (their state in the graph): "
+                         + ", ".join(self.trained_branches))
         opset_out = self.model.opset_imports.get("", p.opset_in)
         if p.opset_in != opset_out:
             notes.append(f"opset raised from {p.opset_in} to {opset_out} (the qtool::FakeQuant function body needs 13)")

@@ -49,6 +49,7 @@ import onnx_ir as ir
 from qtool.errors import QtoolError
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite._train_ops import Ops
+from qtool.onnx_rewrite.branches import BRANCHES, extract_branch, replace_if
 from qtool.config import QuantConfig
 from qtool.model.codec import symmetric_ratio, widen
 from qtool.model.io import load_model
@@ -473,9 +474,11 @@ def check_contract(contract: dict, model: ir.Model | None = None) -> None:
 
 def _check_contract_names(contract: dict, graph: ir.Graph) -> None:
     values = values_by_name(graph)
+    for body in graph.subgraphs():  # quantizers of If branches (train_branches)
+        values.update(values_by_name(body))
     outputs = {v.name for v in graph.outputs}
     inputs = {v.name for v in graph.inputs}
-    nodes = {n.name for n in graph if n.name}
+    nodes = {n.name for n in graph.all_nodes() if n.name}
 
     def missing(what: str, name: str) -> QtoolError:
         return QtoolError(f"the 'qtool.training' contract names {what} '{name}', which is not in the graph "
@@ -588,6 +591,9 @@ class TrainedState:
     ranges: dict[str, tuple[float, float]]  # float tensor name -> trained (min, max)
     batch_norm_outputs: dict[str, str]  # batch norm name -> its output tensor name
     contract: dict
+    # the trained If branches' ranges, named as rewrite-eval names a branch's: "<If>:<branch>:<tensor>"
+    # (None: no branch was trained; a branch without activation quantizers, an LSTM's, has none)
+    branch_ranges: dict[str, tuple[float, float]] | None = None
 
     def ranges_after_fold(self, graph: ir.Graph, folds) -> dict[str, tuple[float, float]]:
         """The ranges keyed by tensor names after the eval fold (a folded batch norm's output
@@ -641,7 +647,9 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
                          "not a graph qtool wrote, or its metadata was removed")
     try:
         contract = training_contract(model)
+        branches = _detach_branches(model, contract)
         state = _strip(model, contract)
+        state.branch_ranges = _strip_branches(model, contract, branches) if branches else None
         check_finite_parameters(model.graph, label)  # the trained statistics and weights
         return state
     except QtoolError as exc:
@@ -650,6 +658,58 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
         raise QtoolError(f"'{label}': {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise QtoolError(f"'{label}' is a qtool training graph whose contract does not match its graph ({exc!r})") from exc
+
+
+BRANCH_KEYS = ("activation_quantizers", "weight_quantizers", "bias_quantizers", "batch_norms")  # an If branch's part
+
+
+def _detach_branches(model: ir.Model, contract: dict) -> list[dict]:
+    """The If branches ``train_branches`` encoded (the contract's ``branches``) leave the enclosing graph's
+    strip: each If loses its state outputs, their quantizers leave the contract. Returns their records."""
+    records = contract.pop("branches", None) or []
+    graph = model.graph
+    for name, count in {r["if"]: r["outputs"] for r in records}.items():
+        node = _the_if(graph, name)
+        for attr in BRANCHES:
+            body = node.attributes[attr].as_graph()
+            kept = list(body.outputs)[:count]
+            body.outputs.clear()
+            body.outputs.extend(kept)
+            for inner in [n for n in body if n.name and n.name.endswith(f"/{attr}/keep")]:
+                body.remove(inner, safe=True)  # the other branch's state, passed through
+        replace_if(graph, node, count)
+    for record in records:
+        for key in BRANCH_KEYS:
+            contract[key] = [q for q in contract.get(key, []) if q not in record.get(key, [])]
+    return records
+
+
+def _strip_branches(model: ir.Model, contract: dict, records: list[dict]) -> dict[str, tuple[float, float]]:
+    """After the enclosing graph's strip (the branches read its float tensors again): each detached branch
+    stripped as a model of its own with its part of the contract. Returns their trained ranges named
+    ``<If>:<branch>:<tensor>`` (``rewrite-eval``'s names for a branch's ranges)."""
+    graph, ranges = model.graph, {}
+    for record in records:
+        extracted = extract_branch(_the_if(graph, record["if"]), record["branch"], model)
+        part = {**contract, **{k: record.get(k, []) for k in BRANCH_KEYS}, "state": {}, "parameters": []}
+        extracted.model.metadata_props[METADATA_KEY] = metadata_json(part)
+        try:
+            trained = _strip(extracted.model, part)
+        finally:
+            extracted.splice()
+        ranges.update({f"{record['if']}:{record['branch']}:{t}": r for t, r in trained.ranges.items()})
+    owned = {contract.get("range_update_input")} | {s for r in records for s in r["state"]}
+    for name in [n for n in graph.initializers if n in owned]:
+        if not graph.initializers[name].uses():
+            graph.initializers.pop(name)
+    return ranges
+
+
+def _the_if(graph: ir.Graph, name: str) -> ir.Node:
+    node = next((n for n in graph if n.name == name and n.op_type == "If" and n.domain == ""), None)
+    if node is None:
+        raise QtoolError(f"the training contract names If '{name}', which is not in the graph")
+    return node
 
 
 def _strip(model: ir.Model, contract: dict) -> TrainedState:

@@ -320,12 +320,17 @@ def test_a_state_output_behind_identities_is_placed_as_without_them():
         np.testing.assert_array_equal(with_identities, without)
 
 
-def test_rewrite_train_warns_that_layers_in_branches_stay_float_and_cannot_be_fine_tuned():
-    """silero's training graph would leave every layer float, and finetune refuses its If: said up front."""
+def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay_float():
+    """The 16 kHz branch (the calibration data's rate) is quantized for training; the 8 kHz branch, which no
+    sample takes, stays float (as rewrite-eval leaves it), said by name; a branch with an If of its own too."""
     result = qtool.rewrite_train(silero_like(), calibration_data=data())
     warning, = [w for w in result.warnings if "inside If/Loop/Scan bodies" in w]
-    assert warning.startswith("4 layer op(s)") and "qtool finetune cannot train" in warning
-    assert "rewrite-eval --data quantizes If branches" in warning
+    assert warning.startswith("2 layer op(s)")
+    assert "inside If 'by_rate' (else_branch): no calibration sample took this branch" in warning
+    assert "If branches quantized for training as models of their own (their state in the graph): inside If " \
+           "'by_rate' (then_branch)" in result.messages()[1]
+    nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data())
+    assert any("it holds If branches of its own" in w for w in nested.warnings)
     assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
 
 
