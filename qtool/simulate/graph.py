@@ -99,6 +99,16 @@ class ActivationQuantizer:
         hi = float(np.float32(self.grid[1] - self.zero_point) * s)
         return lo, hi
 
+    @cached_property
+    def clips_beyond(self) -> tuple[float, float] | None:
+        """Where clipping starts: half a step past the grid's ends (a value within half a step of an end rounds to
+        that code, as every value rounds to its nearest one; counted as clipped, a GELU output whose minimum lies
+        just below the nudged grid's end read as 9 % clipped)."""
+        if self.representable is None:
+            return None
+        half = float(self.scale) / 2
+        return self.representable[0] - half, self.representable[1] + half
+
 
 @dataclass
 class WeightQuantizer:

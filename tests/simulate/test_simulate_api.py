@@ -248,3 +248,28 @@ def test_a_model_whose_input_is_named_data_simulates():
     assert [m["name"] for m in rep["models"]] == ["W8A8"] and rep["models"][0]["output"]["sqnr_db"] > 20
     given = qtool.rewrite_eval(proto, ranges={"data": (-3.0, 3.0), "y": (0.0, 4.0)})
     assert given.summary["counts"]["activations_quantized"] >= 1
+
+
+def test_values_within_half_a_step_of_the_grid_are_not_counted_as_clipped(tmp_path):
+    """A value less than half a step past the grid's end rounds to the end code, as every value rounds to its
+    nearest one: no clipping. paraphrase-MiniLM's GELU outputs (minimum -0.170, the nudged grid's end -0.168, a
+    step 0.024) read as 8.9 % clipped, and the HTML report advised 'more calibration data' for a range that held
+    them all."""
+    from model_builders import Builder, x_data
+
+    b = Builder(opset=13)
+    proto = b.proto([b.node("Relu", [b.conv(b.input("x", ["N", 3, 8, 8]), 3, 4)], outputs=["y"])])
+    model, quantized, data = tmp_path / "m.onnx", tmp_path / "q.onnx", tmp_path / "d.npz"
+    onnx.save(proto, model)
+    qtool.rewrite_eval(proto, quantized, ranges={"x": (-1.0, 1.0), "y": (0.0, 4.0)})
+    x = np.clip(x_data(4, 3, 8, 8), -0.9, 0.9)
+    (m,) = simulate(model, {"x": x}, SimulateConfig(quantized=[quantized])).report["models"]
+    lo, hi = next(a["quantizer_range"] for a in m["activations"] if a["float_tensor"] == "x")
+    step = (hi - lo) / 255
+    x.flat[:10] = lo - 0.4 * step  # rounds to the lowest code
+    x.flat[10:15] = lo - 2 * step  # clipped
+    np.savez(data, x=x)
+    (m,) = simulate(model, data, SimulateConfig(quantized=[quantized])).report["models"]
+    (entry,) = [a for a in m["activations"] if a["float_tensor"] == "x"]
+    assert entry["quantizer_range"] == [lo, hi]
+    assert (entry["clipped_low"], entry["clipped_high"]) == (5, 0)
