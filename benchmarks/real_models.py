@@ -248,6 +248,19 @@ def _top1_with_truth(x: np.ndarray, label: np.ndarray):
     return _top1_with_truth_named("x", x, label)
 
 
+def _top1_one_by_one(name: str, x: np.ndarray, label: np.ndarray):
+    """``_top1_with_truth`` for a model exported for batch 1 (fed one sample at a time)."""
+    def run(sess):
+        return np.concatenate([sess.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))]).argmax(-1)
+
+    def agree(ref, sess):
+        a = run(ref)
+        same = float(np.mean(a == run(sess)))
+        return f"same top-1 {same:.1%} (float right on {np.mean(a == label):.0%})", same
+
+    return agree
+
+
 def _top1_with_truth_named(name: str, x: np.ndarray, label: np.ndarray):
     """``_top1_with_truth`` for an input called ``name``."""
     top1 = _top1({name: x})
@@ -1790,6 +1803,103 @@ def sayit_kws(root: Path) -> Case:
                 {"input": calib}, {"input": x[:1]}, _top1_with_truth_named("input", x, label))
 
 
+GPT_PAST = [f"past_key_values.{i}.{k}" for i in range(4) for k in ("key", "value")]
+
+
+def _capp_parts(root: Path, n: int, seed: int) -> np.ndarray:
+    """Part descriptions as HelgeS/capp-gpt-serve's ``TokenProcessor.json_to_sequence`` writes them: one token per
+    characteristic (geometry, holes, external threads, surface finish, tolerance, batch size; drawn from its own
+    ``part_encoding_and_process_list.json``), then ``<SOS>``: [n, 7] int64."""
+    import json
+
+    token2id = json.loads(_github(root, "HelgeS/capp-gpt-serve", "model/token_mappings.json").read_text())["token2id"]
+    encoding = json.loads(_github(root, "HelgeS/capp-gpt-serve", "src/capp_gpt_serve/data/"
+                                  "part_encoding_and_process_list.json").read_text())["part_encoding"]
+    rng = np.random.default_rng(seed)
+    return np.array([[token2id[f"{c}_{rng.choice(v)}"] for c, v in encoding.items()] + [token2id["<SOS>"]]
+                     for _ in range(n)], np.int64)
+
+
+def _gpt_decode(sess, prompts: np.ndarray, steps: int = 24, feeds: list | None = None) -> list[tuple]:
+    """Greedy decoding with the key/value cache, as optimum's ``ORTModelForCausalLM.generate`` runs the model
+    (the service samples with top-p 0.9; greedy keeps it deterministic), one part at a time up to ``<EOS>`` (51):
+    the generated tokens. ``feeds`` collects every step's feed."""
+    out = []
+    for prompt in prompts:
+        seq, past = list(prompt), {k: np.zeros((1, 4, 0, 16), np.float32) for k in GPT_PAST}
+        ids = prompt[None]
+        for _ in range(steps):
+            n = len(seq)
+            feed = {"input_ids": ids, "attention_mask": np.ones((1, n), np.int64),
+                    "position_ids": np.arange(n - ids.shape[1], n)[None], **past}
+            if feeds is not None:
+                feeds.append(feed)
+            logits, *present = sess.run(None, feed)
+            token = int(logits[0, -1].argmax())
+            seq.append(token)
+            if token == 51:
+                break
+            ids, past = np.array([[token]], np.int64), dict(zip(GPT_PAST, present))
+        out.append(tuple(seq[len(prompt):]))
+    return out
+
+
+def capp_gpt(root: Path) -> Case:
+    """HelgeS/capp-gpt-serve's process-chain planner (model/model.onnx, 1.1 MB: optimum's export of a 4-layer GPT-2
+    with n_embd 64, PyTorch 2.8, opset 14, a key/value cache as 8 inputs and 8 outputs: Conv1D as Gemm, LayerNorm
+    written out as ReduceMean/Sub/Pow/Sqrt/Div, gelu_new as Tanh, the causal mask from Trilu/Where, attention as
+    MatMul/Softmax), decoding manufacturing process chains from a part's six characteristics (its own
+    token_mappings.json and part encoding). Calibration: the whole float-decoded sequences of 64 parts, right-padded
+    to 31 tokens (masked), in one call without a cache (qtool needs one shape); onnxruntime's tool gets every decoding
+    step's feed. Agreement: the same greedy process chains on 256 parts; timing: one decoding step with 12 tokens
+    cached."""
+    import onnxruntime as ort
+
+    path = _github(root, "HelgeS/capp-gpt-serve", "model/model.onnx")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds: list[dict] = []
+    prompts = _capp_parts(root, 64, 1)
+    decoded = _gpt_decode(ref, prompts, feeds=feeds)
+    ids = np.full((64, 31), 52, np.int64)  # <PAD>
+    for i, (p, d) in enumerate(zip(prompts, decoded)):
+        ids[i, :len(p) + len(d)] = list(p) + list(d)
+    calib = {"input_ids": ids, "attention_mask": (ids != 52).astype(np.int64),
+             "position_ids": np.tile(np.arange(31), (64, 1)),
+             **{k: np.zeros((64, 4, 0, 16), np.float32) for k in GPT_PAST}}
+    held_out = _capp_parts(root, 256, 2)
+
+    def agree(r, sess):
+        a, b = _gpt_decode(r, held_out), _gpt_decode(sess, held_out)
+        same = float(np.mean([x == y for x, y in zip(a, b)]))
+        return f"same process chains {same:.1%} of {len(a)} parts", same
+
+    timing = next(f for f in feeds if f["attention_mask"].shape[1] == 13)
+    return Case("capp-gpt (GPT-2, 4 layers)", path, calib, _Feeds(feeds), timing, agree)
+
+
+def vox_intent(root: Path) -> Case:
+    """Priyankshu-07/VOX's Hinglish delivery-chat intent classifier (model/model.onnx with model.onnx.data: PyTorch
+    2.11's dynamo exporter, opset 18; an embedding, a bidirectional GRU over 20 words, max over time, a Gemm to 5
+    intents; ``[batch, 20]`` in, ``[1, 5]`` out). Tokenised by its own ``WordTokenizer`` (vocab.json: lower-case
+    words split on spaces, padded with 0 to 20). Inputs: the messages of its data/test.csv (the first 64 for
+    calibration, the other 486 held out). Agreement: the same intent as float (and float's accuracy on the labels)."""
+    import csv
+    import json
+
+    vocab = json.loads(_github(root, "Priyankshu-07/VOX", "model/vocab.json").read_text())["word2idx"]
+    intents = ["get_address", "report_delay", "order_issue", "customer_unavailable", "navigation_help"]  # its INTENT_MAP
+    with open(_github(root, "Priyankshu-07/VOX", "data/test.csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    x = np.zeros((len(rows), 20), np.int64)
+    for i, r in enumerate(rows):
+        words = [vocab.get(w, 1) for w in r["text"].lower().split()][:20]
+        x[i, :len(words)] = words
+    label = np.array([intents.index(r["intent"]) for r in rows])
+    return Case("VOX intent BiGRU", _github(root, "Priyankshu-07/VOX", "model/model.onnx"), {"input_ids": x[:64]},
+                _one_by_one({"input_ids": x[:64]}), {"input_ids": x[64:65]},
+                _top1_one_by_one("input_ids", x[64:], label[64:]), batch_size=1)
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -1807,7 +1917,7 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "fastestdet": fastestdet, **{f"portrait_{m}": (lambda root, m=m: portrait(root, m))
                                       for m in ("sinet", "deeplab", "prisma")},
          **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn,
-         "minilm": minilm, "sayit_kws": sayit_kws}
+         "minilm": minilm, "sayit_kws": sayit_kws, "capp_gpt": capp_gpt, "vox_intent": vox_intent}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

@@ -111,7 +111,7 @@ class EvalEncoding:
     tiled_gates: list[dict] = field(default_factory=list)  # squeeze-excite gates tiled over the width
     depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
     prelu_sums: list[dict] = field(default_factory=list)  # PRelus of dequantized tensors as Relu + Min * slope
-    fused_gelus: list[dict] = field(default_factory=list)  # GELUs written out with Erf as com.microsoft.Gelu
+    fused_gelus: list[dict] = field(default_factory=list)  # written-out GELUs as com.microsoft.Gelu / FastGelu
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -493,7 +493,7 @@ class EvalEncoder:
             self.result.tiled_gates = tile_gates(self.graph, self.names, self.initializer)
             self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
         self.result.prelu_sums = prelus_as_sums(self.graph, self.names, self.initializer, self.opset)
-        if not self.config.standard_ops:  # com.microsoft.Gelu
+        if not self.config.standard_ops:  # com.microsoft.Gelu / FastGelu
             self.result.fused_gelus = gelus_fused(self.graph, self.names)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)

@@ -33,7 +33,9 @@ QLinearAveragePool and may land one step away on a rare tie, as any fused kernel
   cannot: it gives each reader of a DequantizeLinear a copy of its own (``EnsureUniqueDQForNodeUnit``), and
   its GELU fusion needs the Div and the Mul to read one tensor, so the five ops ran one by one
   (PP-OCRv6 tiny's detector 0.94x -> 0.82x float, its recogniser 0.90x -> 0.77x, outputs equal to the
-  bit; FINDINGS.md section 14). The same formula, computed by one kernel.
+  bit; FINDINGS.md section 14). The same formula, computed by one kernel. GPT-2's tanh form (``x * 0.5 * (1 +
+  tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``, nine ops) becomes ``com.microsoft.FastGelu(x)`` the same way
+  (onnxruntime's FastGeluFusion of the float model; FINDINGS.md section 20).
 """
 
 from __future__ import annotations
@@ -322,8 +324,9 @@ def _prelu_sum(add: ir.Node, quantized: set[ir.Value]) -> tuple[ir.Value, ir.Val
     return x, mul.inputs[1], [relu, low, mul]
 
 
-GELU_DOMAIN, GELU = "com.microsoft", "Gelu"
+GELU_DOMAIN, GELU, FAST_GELU = "com.microsoft", "Gelu", "FastGelu"
 _SQRT2 = math.sqrt(2.0)
+_TANH_SCALE = math.sqrt(2.0 / math.pi)
 
 
 def _scalar(value: ir.Value | None) -> float | None:
@@ -346,44 +349,85 @@ def _other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
 
 
-def _written_out_gelu(erf: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
-    """``(x, nodes)`` when ``erf`` is the core of ``x * 0.5 * (1 + erf(x / sqrt 2))`` written in standard ops
-    (``/ sqrt 2`` or ``* (1 / sqrt 2)``; the 0.5 applied to ``x`` first or to the product last; each
-    intermediate read by the next alone), the last node of ``nodes`` the one giving the GELU's value."""
-    scaled = erf.inputs[0] if len(erf.inputs) == 1 else None
-    scale = scaled.producer() if scaled is not None else None
-    if scale is None or not is_onnx(scale, "Div", "Mul") or len(scale.inputs) != 2 or scale.inputs[0] is None:
-        return None
-    x, want = scale.inputs[0], (_SQRT2 if scale.op_type == "Div" else 1 / _SQRT2)
-    factor = _scalar(scale.inputs[1])
-    if factor is None or abs(factor - want) > 1e-6 * want or len(scaled.uses()) != 1 or scaled.is_graph_output():
-        return None
-    add = _sole_reader(erf.outputs[0], "Add")
-    if add is None or _scalar(_other_input(add, erf.outputs[0])) != 1.0:
+def _gelu_product(core: ir.Node, x: ir.Value, inner: list[ir.Node]) -> list[ir.Node] | None:
+    """The nodes of ``x * 0.5 * (1 + core(...))`` once ``core`` (the Erf or Tanh) and the ``inner`` nodes computing
+    its input from ``x`` are matched: the 0.5 applied to ``x`` first or to the product last, each intermediate read
+    by the next alone; the last node the one giving the GELU's value."""
+    add = _sole_reader(core.outputs[0], "Add")
+    if add is None or _scalar(_other_input(add, core.outputs[0])) != 1.0:
         return None
     product = _sole_reader(add.outputs[0], "Mul")
     other = _other_input(product, add.outputs[0]) if product is not None else None
     if other is None:
         return None
-    if other is x:  # (x * (1 + erf)) * 0.5
+    if other is x:  # (x * (1 + core)) * 0.5
         half = _sole_reader(product.outputs[0], "Mul")
         if half is None or _scalar(_other_input(half, product.outputs[0])) != 0.5:
             return None
-        return x, [scale, erf, add, product, half]
-    first = other.producer()  # (x * 0.5) * (1 + erf)
+        return [*inner, core, add, product, half]
+    first = other.producer()  # (x * 0.5) * (1 + core)
     if first is None or not is_onnx(first, "Mul") or _other_input(first, x) is None \
             or _scalar(_other_input(first, x)) != 0.5 or len(other.uses()) != 1 or other.is_graph_output():
         return None
-    return x, [first, scale, erf, add, product]
+    return [first, *inner, core, add, product]
+
+
+def _close(value: float | None, want: float) -> bool:
+    return value is not None and abs(value - want) <= 1e-6 * want
+
+
+def _sole_use(value: ir.Value) -> bool:
+    return len(value.uses()) == 1 and not value.is_graph_output()
+
+
+def _written_out_gelu(erf: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
+    """``(x, nodes)`` when ``erf`` is the core of ``x * 0.5 * (1 + erf(x / sqrt 2))`` written in standard ops
+    (``/ sqrt 2`` or ``* (1 / sqrt 2)``; ``_gelu_product``'s forms of the rest)."""
+    scaled = erf.inputs[0] if len(erf.inputs) == 1 else None
+    scale = scaled.producer() if scaled is not None else None
+    if scale is None or not is_onnx(scale, "Div", "Mul") or len(scale.inputs) != 2 or scale.inputs[0] is None:
+        return None
+    x = scale.inputs[0]
+    if not _close(_scalar(scale.inputs[1]), _SQRT2 if scale.op_type == "Div" else 1 / _SQRT2) \
+            or not _sole_use(scaled):
+        return None
+    nodes = _gelu_product(erf, x, [scale])
+    return (x, nodes) if nodes else None
+
+
+def _written_out_tanh_gelu(tanh: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
+    """``(x, nodes)`` when ``tanh`` is the core of ``x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 *
+    x ** 3)))``, GPT-2's ``gelu_new`` (transformers' NewGELU and ``nn.GELU(approximate="tanh")`` as PyTorch exports
+    them: Pow, Mul, Add, Mul, Tanh; operands either way; ``_gelu_product``'s forms of the rest)."""
+    scaled = tanh.inputs[0] if len(tanh.inputs) == 1 else None
+    scale = scaled.producer() if scaled is not None else None
+    if scale is None or not is_onnx(scale, "Mul") or not _sole_use(scaled):
+        return None
+    inner = next((v for v in scale.inputs if _close(_scalar(_other_input(scale, v)), _TANH_SCALE)), None)
+    add = inner.producer() if inner is not None and _sole_use(inner) else None
+    if add is None or not is_onnx(add, "Add"):
+        return None
+    for cubic in add.inputs:
+        mul = cubic.producer() if cubic is not None and _sole_use(cubic) else None
+        cube = next((v for v in mul.inputs if _close(_scalar(_other_input(mul, v)), 0.044715)), None) \
+            if mul is not None and is_onnx(mul, "Mul") else None
+        power = cube.producer() if cube is not None and _sole_use(cube) else None
+        x = _other_input(add, cubic)
+        if power is not None and is_onnx(power, "Pow") and power.inputs[0] is x and x is not None \
+                and _scalar(power.inputs[1]) == 3.0:
+            nodes = _gelu_product(tanh, x, [power, mul, add, scale])
+            return (x, nodes) if nodes else None
+    return None
 
 
 def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
-    """Every GELU written out with Erf whose input is a dequantized float32 tensor becomes one
-    ``com.microsoft.Gelu`` (module docstring: what onnxruntime fuses the float model's GELU into, which the
-    QDQ model's DequantizeLinear copies prevent); returns what was fused."""
+    """Every GELU written out with Erf (or Tanh, GPT-2's form) whose input is a dequantized float32 tensor becomes
+    one ``com.microsoft.Gelu`` (``FastGelu``) (module docstring: what onnxruntime fuses the float model's GELU into,
+    which the QDQ model's DequantizeLinear copies prevent); returns what was fused."""
     done = []
-    for erf in list(graph):
-        found = _written_out_gelu(erf) if is_onnx(erf, "Erf") else None
+    for core in list(graph):
+        op, found = (GELU, _written_out_gelu(core)) if is_onnx(core, "Erf") else \
+            (FAST_GELU, _written_out_tanh_gelu(core)) if is_onnx(core, "Tanh") else (None, None)
         if found is None:
             continue
         x, nodes = found
@@ -391,8 +435,8 @@ def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
         if dq is None or not is_onnx(dq, DEQUANTIZE) or value_dtype(x) not in (None, ir.DataType.FLOAT):
             continue
         last = nodes[-1]
-        base = names.prefix(f"{erf.name or 'Erf'}/gelu", [GELU], [])
-        gelu = ir.Node(GELU_DOMAIN, GELU, [x], name=f"{base}/{GELU}")
+        base = names.prefix(f"{core.name or core.op_type}/gelu", [op], [])
+        gelu = ir.Node(GELU_DOMAIN, op, [x], name=f"{base}/{op}")
         graph.insert_before(last, gelu)
         out = last.outputs[0]
         name, shape, dtype = out.name, out.shape, out.dtype
@@ -400,5 +444,5 @@ def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
         remove_if_unused(graph, nodes)  # with the constants only they read
         gelu.outputs[0].name, gelu.outputs[0].shape, gelu.outputs[0].dtype = name, shape, dtype or ir.DataType.FLOAT
         graph.opset_imports.setdefault(GELU_DOMAIN, 1)
-        done.append({"gelu": gelu.name, "nodes": [n.name for n in nodes], "ops": [n.op_type for n in nodes]})
+        done.append({"gelu": gelu.name, "op": op, "nodes": [n.name for n in nodes], "ops": [n.op_type for n in nodes]})
     return done

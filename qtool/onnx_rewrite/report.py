@@ -99,7 +99,7 @@ class RewriteResult:
         """What runs in float, with the reason (an Add fused with its Relu into QLinearAdd does not)."""
         p, e = self.prepared, self.encoding
         handled = {name for b in self.branches for name, _ in b.layers}  # said by the branch, as it is now
-        gelus = {name for g in e.fused_gelus for name in g["nodes"]}  # one com.microsoft.Gelu now
+        gelus = {name for g in e.fused_gelus for name in g["nodes"]}  # one com.microsoft.Gelu / FastGelu now
         plan = [x.to_dict() for x in p.plan.left_in_float
                 if not _fused(x) and not (x.reason.endswith(IN_SUBGRAPH) and x.node in handled) and x.node not in gelus]
         return ([x.to_dict() for x in p.folds.skipped] + plan + [x.to_dict() for x in e.left_in_float]
@@ -112,7 +112,7 @@ class RewriteResult:
         listed = {x.node for x in self.prepared.plan.left_in_float}  # counted there, not here
         for gelu in self.encoding.fused_gelus:
             ops.subtract(op for name, op in zip(gelu["nodes"], gelu["ops"]) if name not in listed)
-            ops["Gelu"] += 1
+            ops[gelu["op"]] += 1
         return {op: n for op, n in sorted(ops.items()) if n > 0}
 
     def counts(self) -> dict:
@@ -135,7 +135,8 @@ class RewriteResult:
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
             "prelus_as_sums": sum(1 for x in e.prelu_sums if not x.get("existing")),
-            "gelus_fused": len(e.fused_gelus),
+            "gelus_fused": sum(g["op"] == "Gelu" for g in e.fused_gelus),
+            "fast_gelus_fused": sum(g["op"] == "FastGelu" for g in e.fused_gelus),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -330,6 +331,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["prelus_as_sums"], "PRelu") + " as Relu + Min * slope")
     if c.get("gelus_fused"):
         extra.append(_plural(c["gelus_fused"], "GELU") + " written out as com.microsoft.Gelu")
+    if c.get("fast_gelus_fused"):
+        extra.append(_plural(c["fast_gelus_fused"], "tanh GELU") + " written out as com.microsoft.FastGelu")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

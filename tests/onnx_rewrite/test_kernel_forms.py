@@ -188,13 +188,16 @@ def test_a_prelu_between_integer_convs_is_written_as_relu_plus_scaled_min(opset,
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first"])
+@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first", "gpt2_tanh", "tanh_reversed"])
 def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, tmp_path, monkeypatch):
     """paddle2onnx (PP-OCRv6) and PyTorch's nn.GELU before opset 20 write GELU as ``Div(x, sqrt 2) -> Erf ->
     Add 1 -> Mul x -> Mul 0.5`` (or with ``* (1 / sqrt 2)``, operands either way). onnxruntime fuses it into one
     com.microsoft.Gelu in the float model, but after a QLinearConv it gives the Div and the Mul a
     DequantizeLinear copy each and the fusion no longer matches: the parts run one by one. qtool writes the
-    Gelu (the same formula in one kernel); a written-out GELU of a float tensor is left as it is."""
+    Gelu (the same formula in one kernel); a written-out GELU of a float tensor is left as it is. GPT-2's
+    ``gelu_new`` (``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3))))``, nine ops as PyTorch 2.8
+    exports capp-gpt-serve's model) is onnxruntime's FastGelu in the float model and becomes
+    com.microsoft.FastGelu the same way."""
     b = Builder(opset=14)
     x, feeds = b.input("x", ["N", 3, 12, 12]), {"x": x_data(4, 3, 12, 12)}
     scalar = lambda v: b.const(np.array(v, np.float32))  # noqa: E731
@@ -207,6 +210,14 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
             # 0.5 had a pair (TF's rule 4), kept because the product's Mul looked like an integer reader
             erf = b.node("Erf", [b.node("Div", [h, scalar(1.4142135)])])
             return b.node("Mul", [b.node("Mul", [h, scalar(0.5)]), b.node("Add", [scalar(1.0), erf])])
+        if form == "gpt2_tanh":
+            inner = b.node("Add", [h, b.node("Mul", [b.node("Pow", [h, scalar(3.0)]), scalar(0.044715)])])
+            tanh = b.node("Tanh", [b.node("Mul", [inner, scalar(0.7978845608)])])
+            return b.node("Mul", [b.node("Mul", [h, scalar(0.5)]), b.node("Add", [tanh, scalar(1.0)])])
+        if form == "tanh_reversed":  # operands the other way, the 0.5 last
+            inner = b.node("Add", [b.node("Mul", [scalar(0.044715), b.node("Pow", [h, scalar(3.0)])]), h])
+            tanh = b.node("Tanh", [b.node("Mul", [scalar(0.7978845608), inner])])
+            return b.node("Mul", [b.node("Mul", [h, b.node("Add", [scalar(1.0), tanh])]), scalar(0.5)])
         erf = b.node("Erf", [b.node("Mul", [h, scalar(0.70710677)])])
         return b.node("Mul", [scalar(0.5), b.node("Mul", [b.node("Add", [scalar(1.0), erf]), h])])
 
@@ -216,12 +227,14 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
     proto = b.proto([out, float_gelu])
     ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
     rewritten = ir.serde.serialize_model(result.model)
-    written = [n for n in rewritten.graph.node if n.op_type in ("Gelu", "Erf")]
-    assert [(n.domain, n.op_type) for n in written] == [("com.microsoft", "Gelu"), ("", "Erf")]  # the float one kept
-    assert written[0].input[0].endswith("dequantized") and ops["Gelu"] >= 1
+    kernel, core, count, said = ("FastGelu", "Tanh", "fast_gelus_fused", "1 tanh GELU") if "tanh" in form else \
+        ("Gelu", "Erf", "gelus_fused", "1 GELU")
+    written = [n for n in rewritten.graph.node if n.op_type in (kernel, core)]
+    assert [(n.domain, n.op_type) for n in written] == [("com.microsoft", kernel), ("", core)]  # the float one kept
+    assert written[0].input[0].endswith("dequantized") and ops[kernel] >= 1
     summary = result.to_dict()
-    assert summary["counts"]["gelus_fused"] == 1 and "1 GELU written out as com.microsoft.Gelu" in result.format_text()
-    assert summary["other_float_ops"]["Gelu"] == 1 and "Erf" in summary["other_float_ops"]  # the float one's
+    assert summary["counts"][count] == 1 and f"{said} written out as com.microsoft.{kernel}" in result.format_text()
+    assert summary["other_float_ops"][kernel] == 1 and core in summary["other_float_ops"]  # the float one's
     assert not [x for x in summary["left_in_float"] if x["op"] == "Mul"]  # the fused GELU's parts
     onnx.checker.check_model(rewritten, full_check=True)
     again = qtool.rewrite_eval(rewritten, calibration_data=feeds)  # qtool's output read again: nothing new
@@ -231,7 +244,7 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
     monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.gelus_fused", lambda graph, names: [])
     plain, _ = quantize(proto, feeds)
     assert standard == plain  # and nothing else differs
-    assert optimized_ops(plain, tmp_path)["Erf"] >= 1  # what the fix is for: the QDQ model's GELU unfused
+    assert optimized_ops(plain, tmp_path)[core] >= 1  # what the fix is for: the QDQ model's GELU unfused
     got, want = outputs([rewritten, plain], feeds)
     step = np.min(np.diff(np.unique(want)))  # the output quantizer's step: the two erf kernels may tie apart
     assert np.max(np.abs(got - want)) <= step * 1.001 and np.mean(got != want) < 0.01
