@@ -373,7 +373,8 @@ def data_warnings(ranges: Mapping[str, tuple[float, float] | None], observers: M
     more(empty, "have no finite value and no range")
     if unknown:
         lines.append(f"{len(unknown)} tensor(s) saw no finite value and have no range (rewrite-eval gives them "
-                     "the default range): " + ", ".join(unknown[:limit]) + (" ..." if len(unknown) > limit else ""))
+                     "the default range, or the range of a Concat they feed): " + ", ".join(unknown[:limit])
+                     + (" ..." if len(unknown) > limit else ""))
     if huge:
         huge.sort(key=lambda item: -item[1].absmax)
         name, issues, _ = huge[0]

@@ -5,6 +5,7 @@ BatchNormalization -> Relu`` three times; U-Net upsampling ``k=s``), and an Eins
 computed from its own shape (g2p-id's BERT, tf2onnx)."""
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from model_builders import RNG, Builder, run, x_data
@@ -186,3 +187,28 @@ def test_a_reshape_target_of_other_dims_stays():
     """Dims taken from other positions (``y.view(y.size(1), y.size(0), ...)``) are no copy: the target stays."""
     result = qtool.rewrite_eval(heads_model((1, 0)), calibration_data={"x": x_data(5, 5, 8)})
     assert [n.op_type for n in result.model.graph].count("Shape") == 1
+
+
+def test_an_empty_key_value_cache_does_not_widen_the_range_of_the_cache_it_is_concatenated_with():
+    """optimum's decoder-with-past export (capp-gpt-serve's GPT-2, PyTorch 2.8): ``present = Concat(past, new)``
+    along the sequence axis, and the first decoding step (and a calibration without a cache) feeds a past of length
+    0. The empty past saw no value and got TF's default range [-6, 6]; shared with the Concat's (the union) it made
+    the present key/value's step 6x the calibrated one. A member that saw no value is left out of its group's
+    union when another saw values; with no data at all every member keeps the default."""
+    b = Builder(opset=14)
+    past = b.input("past", ["N", "P", 8])
+    new = b.node("Unsqueeze", [b.matmul(b.input("x", ["N", 8]), 8, 8), b.const(np.array([1], np.int64))])
+    present = b.node("Concat", [past, new], axis=1, outputs=["present"])
+    proto = b.proto([present, b.matmul(present, 8, 4)])
+    x = x_data(16, 8) * 0.1
+    feeds = {"x": x, "past": np.zeros((16, 0, 8), np.float32)}
+    model = ir.serde.serialize_model(qtool.rewrite_eval(proto, calibration_data=feeds).model)
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "present")
+    scale = next(float(onnx.numpy_helper.to_array(t)) for t in model.graph.initializer if t.name == dq.input[1])
+    new_values = run(proto, feeds)[0]
+    assert scale == pytest.approx((new_values.max() - min(new_values.min(), 0)) / 255, rel=0.02)
+    assert scale < 1 / 255  # not 12 / 255
+    default = ir.serde.serialize_model(qtool.rewrite_eval(proto).model)  # no data: the default range, as before
+    dq = next(n for n in default.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "present")
+    assert next(float(onnx.numpy_helper.to_array(t)) for t in default.graph.initializer
+                if t.name == dq.input[1]) == pytest.approx(12 / 255, rel=0.01)

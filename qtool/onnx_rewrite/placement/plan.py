@@ -225,7 +225,9 @@ class QuantPlan:
     def resolve(self, ranges: dict | None) -> dict[str, tuple[tuple[float, float], str]]:
         """Every new point's range and where it came from (``calibration``, ``default``, ``fixed``,
         ``carried``), by tensor name, from the calibrated ``ranges`` (None: no data). A carried point
-        takes its source's range; a group takes the union of its members' ranges."""
+        takes its source's range; a group takes the union of its members' ranges, those that saw no value
+        left out when another has one (a key/value cache's empty past: TF's default [-6, 6] widened the
+        calibrated [-0.9, 0.9] of the cache it is concatenated with, 6x its step)."""
         own: dict[str, tuple[tuple[float, float], str]] = {}
         for p in self.activations:
             if p.calibrated:
@@ -237,6 +239,7 @@ class QuantPlan:
                 own[p.value.name] = (p.fixed_range, "fixed")
         for members in self.groups().values():
             found = [own[m.value.name] for m in members if m.value.name in own]
+            found = [r for r in found if r[1] != "default"] or found
             if found:
                 union = (min(r[0][0] for r in found), max(r[0][1] for r in found))
                 label = "calibration" if any(r[1] == "calibration" for r in found) else "default"
