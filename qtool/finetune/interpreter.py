@@ -934,6 +934,13 @@ def _reduce(kind: str):
                 return [_result(s / np.asarray(count, x.dtype))]
             return [s / _divisor(s, jnp.asarray(count, x.dtype))]
         fn = {"ReduceSum": xp.sum, "ReduceMax": xp.max, "ReduceMin": xp.min, "ReduceProd": xp.prod}.get(kind)
+        if kind in ("ReduceMax", "ReduceMin") and any(x.shape[a] == 0 for a in ax):
+            # an empty set: -inf / +inf (the dtype's extremes), as onnxruntime; numpy and jax have no identity for
+            # them (a key/value cache's empty past in a training graph's batch range)
+            low = kind == "ReduceMax"
+            extreme = (-np.inf if low else np.inf) if np.issubdtype(x.dtype, np.floating) else \
+                (np.iinfo(x.dtype).min if low else np.iinfo(x.dtype).max)
+            return [_result(fn(x, axis=ax, keepdims=keep, initial=extreme))]
         if fn is not None:
             return [_result(fn(x, axis=ax, keepdims=keep))]
         if kind == "ReduceSumSquare":

@@ -351,6 +351,16 @@ def test_reductions(op_type, opset, axes_input):
             _check(op_type, {"x": x}, attrs={"axes": [0, -1], "keepdims": keep}, opset=opset)
 
 
+@pytest.mark.parametrize("op_type", ["ReduceMax", "ReduceMin"])
+def test_extremes_of_an_empty_set_are_infinite(op_type):
+    """A key/value cache's past is empty at a decoder's first step (optimum's GPT-2 export, capp-gpt-serve): the
+    training graph's batch range reduces it, and onnxruntime gives -inf / +inf where numpy and jax raise."""
+    x = np.zeros((2, 4, 0, 16), np.float32)
+    _check(op_type, {"x": x}, attrs={"keepdims": 0})
+    _check(op_type, {"x": x}, attrs={"axes": [2], "keepdims": 1})
+    _check(op_type, {"x": x}, attrs={"axes": [1], "keepdims": 1})  # not reduced over the empty axis: empty
+
+
 def test_normalization():
     x = _r(4, 3, 5, 5)
     gamma, beta, mean, var = _r(3), _r(3), _r(3), np.abs(_r(3)) + 0.5
