@@ -1405,6 +1405,7 @@ class Interpreter:
         self.input_names = [i.name for i in graph.input]
         self.data_inputs = [n for n in self.input_names if n not in self.initializers]
         self.output_names = [o.name for o in graph.output]
+        self.output_types = {o.name: o.type.tensor_type.elem_type for o in graph.output}  # 0: not declared
         self.nodes = _read_nodes(graph.node, self.opsets, "")
         self.functions: dict[tuple[str, str], Function] = {}
         for f in proto.functions:

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from onnx import TensorProto
 
 from qtool.data import CalibrationData, input_specs, load_calibration_data
 from qtool.errors import QtoolError
@@ -141,6 +142,9 @@ def _bound(bound, initial) -> tuple[float, float]:
     return lo, hi
 
 
+_FLOATING = (TensorProto.UNDEFINED, TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
+
 def _roles(contract: dict, interp: Interpreter) -> _Roles:
     try:
         state = dict(contract["state"])
@@ -164,9 +168,11 @@ def _roles(contract: dict, interp: Interpreter) -> _Roles:
         raise QtoolError(f"{interp.label}: the training contract's output '{missing[0]}' is not a graph output")
     if step_input not in interp.input_names:
         raise QtoolError(f"{interp.label}: the step input '{step_input}' is not a graph input")
-    data_outputs = [o for o in interp.output_names if o not in updated]
+    # what the network computes: its float outputs (integer inputs passed through, as a sentence-transformers
+    # export returns its input_ids and attention_mask, are no signal to distil, validate or take logits from)
+    data_outputs = [o for o in interp.output_names if o not in updated and interp.output_types.get(o) in _FLOATING]
     if not data_outputs:
-        raise QtoolError(f"{interp.label}: the graph has no output besides its state updates")
+        raise QtoolError(f"{interp.label}: the graph has no float output besides its state updates")
     range_update = contract.get("range_update_input")
     if range_update is not None and range_update not in interp.feedable:
         raise QtoolError(f"{interp.label}: the range-update input '{range_update}' is not a graph input with a default")
