@@ -20,7 +20,7 @@ from qtool.cli._progress import StageProgress
 @click.option("--data", type=click.Path(dir_okay=False), required=True,
               help=".npz with one array per model input (samples first), and optionally the labels.")
 @click.option("--labels", default=None, metavar="NAME", help="Array in --data holding integer class ids.")
-@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: first).")
+@click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: the first float one).")
 @click.option("--batch-axis", multiple=True, metavar="[OUTPUT=]AXIS",
               help="Samples axis of the outputs when it is not 0 (e.g. 1 for a time-major RNN's state; none for "
                    "an output of one sample without one, from a model exported for batch 1); "

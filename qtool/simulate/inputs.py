@@ -38,13 +38,17 @@ def load(model, what: str) -> ModelInput:
     raise QtoolError(f"{what} must be a path, an onnx.ModelProto or an onnx_ir.Model, got {type(model).__name__}")
 
 
+_FLOATING = (None, ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+
+
 def output_name(model: ModelInput, output: str | None) -> str:
-    """The compared output: ``output``, checked, or the model's first."""
+    """The compared output: ``output``, checked, or the model's first float one (a sentence-transformers export
+    returns its int64 input_ids first: compared, int8 read as 100 % agreement and infinite SQNR)."""
     names = [v.name for v in model.model.graph.outputs]
     if not names:
         raise QtoolError(f"the model '{model.label}' has no outputs")
     if output is None:
-        return names[0]
+        return next((v.name for v in model.model.graph.outputs if v.dtype in _FLOATING), names[0])
     if output not in names:
         raise QtoolError(f"the model '{model.label}' has no output {output!r} (outputs: {', '.join(names)})")
     return output
