@@ -192,8 +192,8 @@ def test_a_reshape_target_of_other_dims_stays():
 def test_an_empty_key_value_cache_does_not_widen_the_range_of_the_cache_it_is_concatenated_with():
     """optimum's decoder-with-past export (capp-gpt-serve's GPT-2, PyTorch 2.8): ``present = Concat(past, new)``
     along the sequence axis, and the first decoding step (and a calibration without a cache) feeds a past of length
-    0. The empty past saw no value and got TF's default range [-6, 6]; shared with the Concat's (the union) it made
-    the present key/value's step 6x the calibrated one. A member that saw no value is left out of its group's
+    0. The empty past saw no value and got TF's default range [-6, 6]; shared with the Concat's (the union) it widened
+    the present key/value's calibrated range (the GPT's [-4.6, 3.8]). A member that saw no value is left out of its group's
     union when another saw values; with no data at all every member keeps the default."""
     b = Builder(opset=14)
     past = b.input("past", ["N", "P", 8])

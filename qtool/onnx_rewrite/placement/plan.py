@@ -227,7 +227,7 @@ class QuantPlan:
         ``carried``), by tensor name, from the calibrated ``ranges`` (None: no data). A carried point
         takes its source's range; a group takes the union of its members' ranges, those that saw no value
         left out when another has one (a key/value cache's empty past: TF's default [-6, 6] widened the
-        calibrated [-0.9, 0.9] of the cache it is concatenated with, 6x its step)."""
+        calibrated [-4.6, 3.8] of the cache it is concatenated with)."""
         own: dict[str, tuple[tuple[float, float], str]] = {}
         for p in self.activations:
             if p.calibrated:
