@@ -520,6 +520,19 @@ class TrainResult:
             notes.append(f"opset raised from {p.opset_in} to {opset_out} (the qtool::FakeQuant function body needs 13)")
         return warnings, notes
 
+    def _left_in_float(self) -> list[dict]:
+        """What stays float in the training graph, with the reason: a layer of an If branch encoded for
+        training is not (it is quantized there), one of a branch left float says the branch's reason."""
+        branch_reason = {b.where: b.reason for b in self.float_branches}
+        left = []
+        for x in self.encoded.left_in_float:
+            where = x["reason"].split(": ", 1)[0]
+            if x["reason"].endswith("(fused at inference)") or where in self.trained_branches:
+                continue
+            reason = branch_reason.get(where) if x["reason"].endswith(IN_SUBGRAPH) else None
+            left.append({**x, "reason": f"{where}: {reason}"} if reason else x)
+        return left
+
     def _already_notes(self) -> list[str]:
         notes = ["the model is already a qtool training graph: nothing to do (not rewritten twice)"]
         recorded = self.contract.get("options", {})
@@ -536,7 +549,7 @@ class TrainResult:
             affine = _affine_counts(None)
         else:
             affine = _affine_counts(self.prepared.eval_folds)
-            left = [x for x in self.encoded.left_in_float if not x["reason"].endswith("(fused at inference)")]
+            left = self._left_in_float()
             folds = self.encoded.folds
             weights, acts = self.encoded.encoding.weights, self.encoded.encoding.activations
         return {
@@ -571,8 +584,7 @@ class TrainResult:
             **_affine_lists(self.prepared.eval_folds if e is not None else None),
             "weights": [] if e is None else e.encoding.weights,
             "activations": [] if e is None else e.encoding.activations,
-            "left_in_float": [] if e is None else [x for x in e.left_in_float
-                                                    if not x["reason"].endswith("(fused at inference)")],
+            "left_in_float": [] if e is None else self._left_in_float(),
             **({} if e is None else {"other_float_ops": dict(sorted(self.prepared.plan.other_ops.items()))}),
             "step_input": self.contract.get("step_input"),
             "state": self.contract.get("state", {}),
@@ -607,8 +619,9 @@ def format_train_summary(s: dict) -> str:
     lines.append(f"  layers quantized       {c['layers_quantized']}  ({c['weights_quantized']} weight tensor(s), "
                  f"{o['weight_bits']}-bit {mode}{sym}, ranges recomputed every step)")
     calib = s.get("calibration")
+    in_branches = any(a["range_source"] == "calibration" for a in s["activations"])  # If branches' own calibration
     where = (f"initial ranges calibrated: {calib['samples']} samples, {calib['method']}" if calib
-             else "initial ranges: TensorFlow's defaults")
+             else "initial ranges calibrated in If branches" if in_branches else "initial ranges: TensorFlow's defaults")
     lines.append(f"  activations quantized  {c['activations_quantized']}  ({o['activation_bits']}-bit, EMA ranges, {where})")
     lines.append(f"  quant delay            {o['quant_delay']} step(s)")
     lines.append(f"  state tensors          {c['state_tensors']}  (fed by '{s['step_input']}' loop, "

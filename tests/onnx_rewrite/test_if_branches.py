@@ -329,6 +329,13 @@ def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay
     assert "inside If 'by_rate' (else_branch): no calibration sample took this branch" in warning
     assert "If branches quantized for training as models of their own (their state in the graph): inside If " \
            "'by_rate' (then_branch)" in result.messages()[1]
+    # the summary lists the float branch's layers with its reason, not the quantized branch's ("does not rewrite
+    # subgraphs" was the plan's reason for both), and says where the initial ranges came from
+    summary = result.to_dict()
+    reasons = {x["reason"] for x in summary["left_in_float"]}
+    assert reasons == {"inside If 'by_rate' (else_branch): no calibration sample took this branch"}
+    assert summary["counts"]["left_in_float"] == 2 and summary["counts"]["layers_quantized"] == 2
+    assert "initial ranges calibrated in If branches" in result.format_text()
     nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data())
     assert any("it holds If branches of its own" in w for w in nested.warnings)
     assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
