@@ -305,8 +305,8 @@ class IntegerOps(PlacementRule):
     @staticmethod
     def _concat(ctx, node):
         inputs = _variable_inputs(ctx, node)
-        if not any(ctx.varies(x) for x in inputs) or _feeds_softmax(ctx, node.outputs[0]):
-            return  # a Concat of constants computed at run time (spox's LSTM weights) is folded, not data
+        if not any(ctx.carries_data(x) for x in inputs) or _feeds_softmax(ctx, node.outputs[0]):
+            return  # constants computed at run time (spox's LSTM weights) or shape arithmetic (Resize scales)
         group = id(node)
         ctx_name = context_of(node.name or "Concat")
         members = []
@@ -666,7 +666,8 @@ class FloatOps(PlacementRule):
             return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
         outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
         variable = _variable_inputs(ctx, node)
-        inputs_quantized = all(ctx.is_quantized(v) for v in variable)
+        # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only
+        inputs_quantized = all(ctx.is_quantized(v) for v in variable if ctx.carries_data(v))
         if (node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized
                 and not _constant_operand(ctx, node)):
             return
