@@ -20,6 +20,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
+from qtool.model.float16 import float16_as_float32
 from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
@@ -87,6 +88,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     their weights were trained in that form)."""
     graph = model.graph
     name_unnamed_nodes(graph)
+    float16 = float16_as_float32(model)  # a float16 body with float32 edges: float32 again (its Casts Identities)
     remove_identities(graph)  # paddle2onnx's, between every two ops
     prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
     check_exclude(graph, config.exclude, config.scope)
@@ -95,7 +97,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
-    folds.affine, folds.weight_expressions = affine, expressions
+    folds.affine, folds.weight_expressions, folds.float16 = affine, expressions, float16
     if not trained:
         folds.transposed_convs = convtransposes_as_convs(graph, config, names, default_opset(model))
     split_hard_swish(graph, config, names)

@@ -180,6 +180,7 @@ class RewriteResult:
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "changed": bool(p.folds.folded or _affine_counts(p.folds)["affine_folded"] or p.folds.weight_expressions
+                            or p.folds.float16
                             or e.weights or e.activations or e.propagated or e.biases
                             or e.recurrent or p.opset_in != opset_out),
             "warnings": list(self.warnings),
@@ -386,7 +387,8 @@ def _affine_counts(folds) -> dict:
     return {"affine_folded": len(affine.folded) if affine else 0,
             "affine_not_folded": len(affine.skipped) if affine else 0,
             "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0,
-            "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0}
+            "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0,
+            "float16_as_float32": folds.float16 if folds is not None else 0}
 
 
 def _affine_lists(folds) -> dict:
@@ -401,6 +403,9 @@ def _affine_lines(c: dict) -> list[str]:
     """The constant Mul/Add after a layer folded into it (fold_affine): shown when there were any."""
     folded, skipped = c.get("affine_folded", 0), c.get("affine_not_folded", 0)
     lines = []
+    if c.get("float16_as_float32"):
+        lines.append(f"  float16 -> float32     {c['float16_as_float32']} weights and constants  (a float16 body "
+                     "between float32 inputs and outputs)")
     if c.get("weight_expressions_folded"):
         lines.append(f"  weights folded         {c['weight_expressions_folded']}  (computed in the graph from constants "
                      "by Slice/Concat/...: now initializers)")

@@ -29,6 +29,7 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
                                 weight_rank)
+from qtool.model.float16 import float16_as_float32
 from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, context_of, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
@@ -119,6 +120,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
         model = convert_opset(model, MIN_OPSET, "the qtool::FakeQuant function body needs")
     graph = model.graph
     name_unnamed_nodes(graph)
+    float16 = float16_as_float32(model)  # as the eval graph: a float16 body trains in float32
     remove_identities(graph)  # paddle2onnx's, between every two ops
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
@@ -132,7 +134,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     planned = model.clone()
     eval_folds = fold_batch_norms(planned.graph, NameScope(planned.graph),
                                   exclude=config.exclude | (all_bns - fold_names))
-    eval_folds.affine, eval_folds.weight_expressions = affine, expressions
+    eval_folds.affine, eval_folds.weight_expressions, eval_folds.float16 = affine, expressions, float16
     bn_outputs = {n.name: n.outputs[0].name for n in graph if n.name in fold_names}
     aliases: dict[str, str] = {}
     planned_nodes = {n.name: n for n in planned.graph}

@@ -52,3 +52,50 @@ def test_a_resize_with_computed_scales_is_not_reported_in_float():
     result = qtool.rewrite_eval(retinaface_fpn(), calibration_data={"input0": x_data(8, 3, 16, 16)},
                                 calibration=qtool.CalibrationConfig(batch_size=1))
     assert "Resize" not in result.other_float_ops() and "Concat" in result.other_float_ops()
+
+
+def yolov5_half():
+    """YOLOv5n as jinyutong23/yolov5 commits it (PyTorch 1.8, opset 12, then onnxconverter-common's
+    ``convert_float_to_float16(keep_io_types=True)``): float16 weights, the float32 input cast to float16 and
+    the output back, SiLU as Sigmoid * Mul, a Resize whose float16 scales are cast to float32."""
+    from onnx import TensorProto
+
+    b = Builder(opset=12)
+    rng = np.random.default_rng(0)
+
+    def conv(x, cin, cout):
+        w = b.const((rng.standard_normal((cout, cin, 3, 3)) * 0.3).astype(np.float16))
+        y = b.node("Conv", [x, w, b.const((rng.standard_normal(cout) * 0.1).astype(np.float16))],
+                   kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        return b.node("Mul", [y, b.node("Sigmoid", [y])])
+
+    x = b.node("Cast", [b.input("images", [1, 3, 16, 16])], to=TensorProto.FLOAT16)
+    scales = b.node("Cast", [b.const(np.array([1, 1, 2, 2], np.float16))], to=TensorProto.FLOAT)
+    up = b.node("Resize", [conv(x, 3, 8), b.const(np.zeros(0, np.float32)), scales], mode="nearest")
+    b.node("Cast", [conv(up, 8, 4)], to=TensorProto.FLOAT, outputs=["output"])
+    b.output("output", shape=[1, 4, 32, 32])
+    return b.proto()
+
+
+def test_a_float16_model_with_float32_edges_is_quantized_in_float32():
+    """No layer of the float16 YOLOv5 had a float32 weight, so rewrite-eval quantized nothing (60 layers left in
+    float: "weight type is FLOAT16"). Its float16 body is float32 again (exactly: every float16 value is one),
+    the converter's Casts go, and every layer runs in integers."""
+    proto = yolov5_half()
+    data = x_data(8, 3, 16, 16)
+    result = qtool.rewrite_eval(proto, calibration_data={"images": data},
+                                calibration=qtool.CalibrationConfig(batch_size=1))
+    assert result.counts()["layers_quantized"] == 2 and result.counts()["float16_as_float32"] == 5
+    graph = result.model.graph
+    assert not [n for n in graph if n.op_type in ("Cast", "Identity")]
+    assert all(v.const_value.dtype != np.float16 for v in graph.initializers.values())
+    got, want = run(result.model, {"images": data[:1]})[0], run(proto, {"images": data[:1]})[0]
+    assert got.dtype == np.float32 and np.abs(got - want).mean() < 0.05 * np.abs(want).mean()
+    assert "float16 -> float32" in result.format_text()
+
+
+def test_a_float16_model_trains_in_float32():
+    """rewrite-train writes the same float32 body (its eval graph quantizes what the eval rewrite does)."""
+    result = qtool.rewrite_train(yolov5_half(), calibration_data={"images": x_data(8, 3, 16, 16)})
+    assert result.counts()["layers_quantized"] == 2
+    assert not [n for n in result.model.graph if n.op_type == "Cast"]
