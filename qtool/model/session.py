@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from qtool.errors import QtoolError
 from qtool.model.io import light_proto
+from qtool.model.opset import inferred_types
 
 NUMPY_TYPES = {
     ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8, ir.DataType.UINT8,
@@ -90,15 +91,18 @@ def tapped_session(model: ir.Model, taps: list[ir.Value], *, options: ort.Sessio
                    what: str = "the model", dtypes: dict[str, ir.DataType] | None = None) -> TappedSession:
     """A session computing the model's outputs followed by ``taps`` (intermediate tensors).
 
-    ``dtypes``: element types of taps the model does not type (default
-    float). The model is left as it was (the taps are graph outputs only in
-    the proto).
+    ``dtypes``: element types of taps the model does not type (else shape
+    inference's, or float). The model is left as it was (the taps are graph
+    outputs only in the proto).
     """
     graph = model.graph
     added = [v for v in taps if not v.is_graph_output()]
     typed = [v for v in added if v.type is None]
+    dtypes = dtypes or {}
+    if any(v.dtype is None and v.name not in dtypes for v in typed):
+        dtypes = {**inferred_types(graph), **dtypes}  # a float16 model's taps are float16
     for v in typed:
-        v.type = ir.TensorType(v.dtype or (dtypes or {}).get(v.name) or ir.DataType.FLOAT)
+        v.type = ir.TensorType(v.dtype or dtypes.get(v.name) or ir.DataType.FLOAT)
     count = len(graph.outputs)
     graph.outputs.extend(added)
     try:
