@@ -99,3 +99,73 @@ def test_a_float16_model_trains_in_float32():
     result = qtool.rewrite_train(yolov5_half(), calibration_data={"images": x_data(8, 3, 16, 16)})
     assert result.counts()["layers_quantized"] == 2
     assert not [n for n in result.model.graph if n.op_type == "Cast"]
+
+
+def yolov5_detect():
+    """YOLOv5's Detect layer as exported inside the model (PyTorch 1.8, opset 12): per level the head's Sigmoid
+    split into xy, wh and the scores, xy and wh made pixels (``(y * 2 - 0.5 + grid) * stride``, ``(y * 2) ** 2 *
+    anchor``), ``Concat(xy, wh, scores)`` on the last axis, Reshape to [1, cells, k], and the levels concatenated
+    into the output."""
+    b = Builder(opset=12)
+    x = b.input("images", [1, 3, 16, 16])
+    y = b.node("Relu", [b.conv(x, 3, 8)])
+    levels = []
+    for stride in (1, 2):
+        f = y if stride == 1 else b.node("Relu", [b.conv(y, 8, 8, strides=[2, 2])])
+        p = b.node("Transpose", [b.node("Reshape", [b.conv(f, 8, 7, k=1), b.const(np.array([1, 1, 7, 16 // stride,
+                                                                                               16 // stride]))])],
+                   perm=[0, 1, 3, 4, 2])
+        xy, wh, scores = (b.name(n) for n in ("xy", "wh", "scores"))
+        b.node("Split", [b.node("Sigmoid", [p])], axis=4, split=[2, 2, 3], outputs=[xy, wh, scores])
+        grid = b.const(np.random.default_rng(stride).uniform(0, 16, (1, 1, 16 // stride, 16 // stride, 2))
+                       .astype(np.float32))
+        xy = b.node("Mul", [b.node("Add", [b.node("Sub", [b.node("Mul", [xy, b.const(np.array(2, np.float32))]),
+                                                          b.const(np.array(0.5, np.float32))]), grid]),
+                            b.const(np.array(8.0 * stride, np.float32))])
+        wh = b.node("Mul", [b.node("Pow", [b.node("Mul", [wh, b.const(np.array(2, np.float32))]),
+                                           b.const(np.array(2, np.float32))]),
+                            b.const(np.array([[[[[10.0, 13.0]]]]], np.float32) * stride)])
+        cat = b.node("Concat", [xy, wh, scores], axis=-1)
+        levels.append(b.node("Reshape", [cat, b.const(np.array([1, -1, 7]))]))
+    b.node("Concat", levels, axis=1, outputs=["output"])
+    b.output("output", shape=[1, 320, 7])
+    return b.proto()
+
+
+def test_scores_concatenated_with_pixels_behind_a_reshape_keep_their_own_grid():
+    """YOLOv5's ``Concat(xy, wh, scores) -> Reshape -> Concat -> output``: the first Concat's pair, carried
+    through the Reshape to the float output Concat, put the scores on the union's grid with the boxes in
+    pixels ([-2.8, 704]: a step of 2.8), so every score was 0 or 2.8 and detection F1 against float fell to 0
+    (the shielding of a Concat read through a shape op: no integer op reads it). That pair and its carries go;
+    the Concat runs in float on its inputs' own grids."""
+    proto = yolov5_detect()
+    data = x_data(8, 3, 16, 16)
+    result = qtool.rewrite_eval(proto, calibration_data={"images": data},
+                                calibration=qtool.CalibrationConfig(batch_size=1))
+    for node in result.model.graph:
+        if node.op_type == "Concat" and node.attributes.get_int("axis") == -1:
+            assert [c.op_type for c in node.outputs[0].consumers()] == ["Reshape"]
+    got, want = run(result.model, {"images": data[:1]})[0], run(proto, {"images": data[:1]})[0]
+    assert np.abs(got[..., 4:] - want[..., 4:]).max() < 0.05  # the scores: not on a grid of pixels
+
+
+def test_simulate_compares_a_float16_model_with_its_int8_model(tmp_path):
+    """``qtool simulate`` typed the float model's extra outputs float32, and onnxruntime refused the float16
+    model's copy ("Type (tensor(float)) of output arg ... does not match expected type (tensor(float16))"). The
+    taps take shape inference's types."""
+    import onnx
+    import onnx_ir as ir
+
+    from qtool.api import simulate
+    from qtool.simulate.config import SimulateConfig
+
+    proto = yolov5_half()
+    onnx.save(proto, tmp_path / "m.onnx")
+    result = qtool.rewrite_eval(proto, calibration_data={"images": x_data(8, 3, 16, 16)},
+                                calibration=qtool.CalibrationConfig(batch_size=1))
+    ir.save(result.model, tmp_path / "q.onnx")
+    np.savez(tmp_path / "e.npz", images=x_data(4, 3, 16, 16))
+    report = simulate(str(tmp_path / "m.onnx"), str(tmp_path / "e.npz"),
+                      SimulateConfig(quantized=[str(tmp_path / "q.onnx")])).report
+    compared = report["models"][0]["activations"]
+    assert compared and all(np.isfinite(a["sqnr_db"]) and a["sqnr_db"] > 10 for a in compared), compared

@@ -427,8 +427,7 @@ class UnreadQuantizers(PlacementRule):
         sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
         order = {id(n): i for i, n in enumerate(ctx.graph)}
         points = [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
-                  and id(p) not in sources
-                  and (p.is_concat_output or p.group is None and (
+                  and (p.is_concat_output or id(p) not in sources and p.group is None and (
                       _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
                       or _float_read_computation(ctx, p.value) or p.kind == "pool_quant"))]
         points += [p for p in ctx.plan.activations if _is_softmax_output(p) and p.group is None]
@@ -445,12 +444,12 @@ class UnreadQuantizers(PlacementRule):
         readers = _readers_through_carries(ctx, point.value)
         if any(_integer_reader(ctx, r) for r in readers):
             return "an integer op reads it"
-        if softmax and any(c.group is not None for c in _carried_from(ctx, point)):
+        if (softmax or point.is_concat_output) and any(c.group is not None for c in _carried_from(ctx, point)):
             return "a quantizer carried from it is in a Concat group"
         return None
 
     def apply(self, ctx, point):
-        if _is_softmax_output(point):
+        if _is_softmax_output(point) or point.is_concat_output:
             for carried in _carried_from(ctx, point):
                 ctx.drop_activation(carried)
         ctx.drop_activation(point)
