@@ -39,7 +39,7 @@ def float16_as_float32(model: ir.Model) -> int:
             _cast_as_float32(node, types)
         for out in node.outputs:
             if out is not None and out.dtype == FLOAT16:
-                out.dtype = ir.DataType.FLOAT
+                out.type = ir.TensorType(ir.DataType.FLOAT)
     return count
 
 
@@ -59,7 +59,7 @@ def _as_float32(value: ir.Value) -> bool:
     if value.dtype != FLOAT16 or value.const_value is None:
         return False
     value.const_value = _float32(value.const_value, value.name)
-    value.dtype = ir.DataType.FLOAT
+    value.type = ir.TensorType(ir.DataType.FLOAT)  # a new type: a clone shares the old one
     return True
 
 

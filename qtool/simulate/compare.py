@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
+from qtool.model.float16 import float16_as_float32
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
@@ -256,6 +257,7 @@ class FloatReference:
         key = (exclude, kept)
         if key not in self._folded:
             folded = self.model.clone()
+            float16_as_float32(folded)  # as rewrite_eval: a float16 body's weights are float32 there
             try:
                 names = NameScope(folded.graph)
                 fold_affine(folded.graph, names, exclude=kept)

@@ -169,6 +169,8 @@ def test_simulate_compares_a_float16_model_with_its_int8_model(tmp_path):
                       SimulateConfig(quantized=[str(tmp_path / "q.onnx")])).report
     compared = report["models"][0]["activations"]
     assert compared and all(np.isfinite(a["sqnr_db"]) and a["sqnr_db"] > 10 for a in compared), compared
+    weights = report["models"][0]["weights"]
+    assert len(weights) == 4 and all(w.get("problem") is None and w["sqnr_db"] > 30 for w in weights), weights
 
 
 def test_data_of_another_size_than_a_declared_one_says_how_to_free_it():
