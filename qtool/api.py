@@ -285,12 +285,10 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
                     progress):
     """A branch model's rewrite: ``(result, ranges, samples)``, or the reason it stays float."""
     node, attr = extracted.node, extracted.attribute
-    config = branch_config(config, extracted.model.graph)
-    if config is None:
-        return "outside --scope"
-    feeds = _branch_feeds(extracted, capture, data, calibration)
-    if isinstance(feeds, str):
-        return feeds
+    setup = _branch_setup(extracted, capture, data, config, calibration)
+    if isinstance(setup, str):
+        return setup
+    config, feeds = setup
     if feeds is None and given is None:
         return "not calibrated (no --data or --ranges)"
     prepared = prepare_branch(extracted.model, config)
@@ -431,12 +429,10 @@ def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: C
 def _train_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig,
                   schedule: TrainSchedule, progress) -> dict | str:
     """A branch model's training encoding: its contract, or the reason it stays float."""
-    config = branch_config(config, extracted.model.graph)
-    if config is None:
-        return "outside --scope"
-    feeds = _branch_feeds(extracted, capture, data, calibration)
-    if isinstance(feeds, str):
-        return feeds
+    setup = _branch_setup(extracted, capture, data, config, calibration)
+    if isinstance(setup, str):
+        return setup
+    config, feeds = setup
     if if_branches(extracted.model.graph):
         return "it holds If branches of its own (not rewritten for training)"
     prepared = prepare_train(extracted.model, config)
@@ -459,6 +455,15 @@ def _branch_capture(model, found: list, data: CalibrationData | None):
         return BranchCapture(model, reads, [node.inputs[0] for node, _ in found]), None
     except QtoolError as exc:
         return None, str(exc)
+
+
+def _branch_setup(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig):
+    """``(the branch's config, its calibration batches or None)``, or the reason the branch stays float."""
+    config = branch_config(config, extracted.model.graph)
+    if config is None:
+        return "outside --scope"
+    feeds = _branch_feeds(extracted, capture, data, calibration)
+    return feeds if isinstance(feeds, str) else (config, feeds)
 
 
 def _branch_feeds(extracted, capture, data, calibration: CalibrationConfig):
