@@ -518,7 +518,7 @@ def _calibrate(ir_model, data, tensors, quant: QuantConfig, calibration: Calibra
         found = _branch_ranges(ir_model, quant, loaded, calibration, progress)
         if found:  # the data was streamed through the model in batches for them as well
             result.ranges.update(found)
-            batches = -(-result.num_samples // calibration.batch_size)
+            batches = loaded.num_batches(calibration.batch_size)
             result = dataclasses.replace(result, num_batches=max(result.num_batches, batches),
                                          seconds=result.seconds + time.perf_counter() - start)
     return result

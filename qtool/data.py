@@ -19,6 +19,20 @@ model needs is read up front, arrays it does not need are never read, and
 each batch's rows are read from the file when the batch is fed (streamed out
 of the zip member, compressed or not), so memory does not grow with the file.
 
+A folder holds such files: every ``.npz`` (and ``.npy``, for a one-input
+model) directly in it, in name order (sub-folders and other files are not
+read), each of one or more samples and checked as a single file is; the
+first error names its file. Files may differ in the dynamic dimensions
+(sentences of different lengths, images of different sizes, key/value caches
+of different past lengths). A batch never mixes shapes: the files are
+grouped by shape (of every input but the samples axis; the inputs without a
+batch axis by value too), the groups taken in the order of their first file,
+the files of a group in name order, and the samples of a group cut into
+batches across its files (a folder of one sample per file still runs in full
+batches). That is the order of the samples everywhere (the first samples an
+output check or ``--calibration-method auto`` holds out, the labels joined
+from each file). Only the headers of every file are read up front.
+
 Every mismatch is a :class:`~qtool.errors.QtoolError` that names the input
 and says what was expected: missing arrays, wrong dtype, wrong rank, a static
 dimension that differs, inputs with different sample counts, a fixed batch
@@ -242,21 +256,48 @@ class CalibrationData:
     ignored: list[str] = field(default_factory=list)
     source: str | None = None
     specs: dict[str, InputSpec] = field(default_factory=dict)  # how each input is fed (batch axis)
+    parts: list[CalibrationData] = field(default_factory=list)  # a folder's files, in name order (else empty)
+    members: dict[str, str] | None = None  # a file's arrays by name (zip members), for :meth:`read_array`
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """The feeds, shape group by shape group (:meth:`shape_groups`); a batch never mixes shapes, and
+        holds ``batch_size`` samples (the model's fixed batch size if it has one) but for the last of a
+        group, whose samples may come from several files."""
         size = self.fixed_batch or batch_size
-        whole = {name: np.asarray(arr) for name, arr in self.arrays.items() if not self._batched(name)}
-        readers = {
-            name: arr.rows(size) if isinstance(arr, StoredArray) else _slices(arr, size)
-            for name, arr in self.arrays.items() if self._batched(name)
-        }
-        try:
-            for _ in range(0, self.num_samples, size):
-                feed = {name: self._fed(name, next(reader)) for name, reader in readers.items()}
-                yield {name: whole[name] if name in whole else feed[name] for name in self.arrays}
-        finally:
-            for reader in readers.values():
-                reader.close()
+        for group in self.shape_groups():
+            whole = {name: np.asarray(arr) for name, arr in group[0].arrays.items() if not self._batched(name)}
+            for blocks in _rechunked(group, [n for n in self.input_names() if self._batched(n)], size):
+                feed = {name: self._fed(name, block) for name, block in blocks.items()}
+                yield {name: whole[name] if name in whole else feed[name] for name in self.input_names()}
+
+    def input_names(self) -> list[str]:
+        """The names of the fed inputs, in the model's order."""
+        return list(self.arrays) if not self.parts else list(self.parts[0].arrays)
+
+    def files(self) -> list[CalibrationData]:
+        """The data of each file (one for a single file or arrays)."""
+        return self.parts or [self]
+
+    def shape_groups(self) -> list[list[CalibrationData]]:
+        """The files grouped by shape (the batched inputs' shapes but the samples axis, and the inputs without
+        a batch axis, values too), each group in name order, the groups in the order their first file has:
+        the order of :meth:`batches`. One group for a single file."""
+        groups: dict[tuple, list[CalibrationData]] = {}
+        for part in self.files():
+            groups.setdefault(self._shape_key(part), []).append(part)
+        return list(groups.values())
+
+    def _shape_key(self, part: CalibrationData) -> tuple:
+        if not self.parts:
+            return ()
+        key = []
+        for name, arr in part.arrays.items():
+            if self._batched(name):
+                key.append((name, tuple(arr.shape[1:])))
+            else:
+                value = np.asarray(arr)
+                key.append((name, value.shape, value.dtype.str, value.tobytes()))
+        return tuple(key)
 
     def samples_in(self, feed: dict[str, np.ndarray]) -> int:
         """How many samples a batch of :meth:`batches` holds (read on an input's batch axis)."""
@@ -282,12 +323,59 @@ class CalibrationData:
         return block if spec is None else spec.as_fed(block)
 
     def select(self, arrays: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
-        """The feed for ``rows`` (a slice or indices) of ``arrays`` (this data's arrays, read whole)."""
+        """The feed for ``rows`` (a slice or indices) of ``arrays`` (the arrays of one shape group, read whole:
+        :meth:`read_group`)."""
         return {name: self._fed(name, a[rows]) if self._batched(name) else a for name, a in arrays.items()}
+
+    def read_group(self, group: list[CalibrationData]) -> dict[str, np.ndarray]:
+        """A shape group's inputs read whole, samples first (for random access, such as training)."""
+        return {name: np.concatenate([np.asarray(p.arrays[name]) for p in group]) if self._batched(name)
+                else np.asarray(arr) for name, arr in group[0].arrays.items()}
+
+    def read_array(self, key: str, group: list[CalibrationData] | None = None) -> np.ndarray | None:
+        """The array ``key`` that is no model input (labels) of every file of ``group`` (default: a single file's
+        data), joined samples first in the order of :meth:`batches`; None when a file has none."""
+        found = []
+        for part in group if group is not None else [p for g in self.shape_groups() for p in g]:
+            if part.members is None or key not in part.members:
+                return None
+            found.append(StoredArray(part.source, part.members[key], key).read())
+        return found[0] if len(found) == 1 else np.concatenate(found)
 
     def num_batches(self, batch_size: int) -> int:
         size = self.fixed_batch or batch_size
-        return -(-self.num_samples // size)
+        return sum(-(-sum(p.num_samples for p in group) // size) for group in self.shape_groups())
+
+
+def _rows(part: CalibrationData, name: str, size: int) -> Iterator[np.ndarray]:
+    arr = part.arrays[name]
+    return arr.rows(size) if isinstance(arr, StoredArray) else _slices(arr, size)
+
+
+def _rechunked(group: list[CalibrationData], names: list[str], size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Blocks of ``size`` samples (the last may be shorter) of ``names`` over the files of ``group`` in turn,
+    read as they are asked for: a block may join the end of one file to the start of the next."""
+    pending: dict[str, np.ndarray] | None = None
+    for part in group:
+        readers = {name: _rows(part, name, size) for name in names}
+        try:
+            for blocks in zip(*readers.values()):
+                blocks = dict(zip(names, blocks))
+                if pending is not None:
+                    blocks = {name: np.concatenate([pending[name], blocks[name]]) for name in names}
+                    pending = None
+                count = len(next(iter(blocks.values())))
+                if count < size:
+                    pending = blocks
+                    continue
+                yield {name: b[:size] for name, b in blocks.items()}
+                if count > size:
+                    pending = {name: b[size:] for name, b in blocks.items()}
+        finally:
+            for reader in readers.values():
+                reader.close()
+    if pending is not None:
+        yield pending
 
 
 def _slices(array: np.ndarray, size: int) -> Iterator[np.ndarray]:
@@ -302,8 +390,6 @@ def _members(path: str) -> dict[str, str] | None:
     """
     if not os.path.exists(path):
         raise QtoolError(f"calibration data file '{path}' does not exist")
-    if os.path.isdir(path):
-        raise QtoolError(f"calibration data path '{path}' is a folder, not a file")
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
             if f.read(6) != b"\x93NUMPY":
@@ -321,6 +407,8 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
     """Read ``source`` (a path, an array, or a mapping of arrays) and check it against ``specs``."""
     label = None
     members = None  # name -> zip member, for a file: arrays are opened only once chosen
+    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        return _load_folder(os.fspath(source), specs)
     if isinstance(source, (str, os.PathLike)):
         label = os.fspath(source)
         members = _members(label)
@@ -412,7 +500,37 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
             f"the model's inputs have a fixed batch size of {fixed_batch}, but the calibration data has "
             f"{num} samples: give a multiple of {fixed_batch}"
         )
-    return CalibrationData(chosen, num, fixed_batch, ignored, label, {s.name: s for s in specs})
+    return CalibrationData(chosen, num, fixed_batch, ignored, label, {s.name: s for s in specs}, members=members)
+
+
+def data_files(folder: str) -> list[str]:
+    """The data files of ``folder``: its ``.npz`` and ``.npy`` files in name order (sub-folders and other
+    files are not read)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise QtoolError(f"cannot read the calibration data folder '{folder}': {exc.strerror or exc}") from exc
+    files = [n for n in names if n.lower().endswith((".npz", ".npy")) and os.path.isfile(os.path.join(folder, n))]
+    if not files:
+        held = ", ".join(n + ("/" if os.path.isdir(os.path.join(folder, n)) else "") for n in names[:5])
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        raise QtoolError(f"the calibration data folder '{folder}' holds no .npz or .npy file"
+                         + (f" (it holds {held}{more})" if names else " (it is empty)"))
+    return [os.path.join(folder, n) for n in files]
+
+
+def _load_folder(folder: str, specs: list[InputSpec]) -> CalibrationData:
+    """A folder of data files, each checked as a single file is; the first error names its file."""
+    parts = []
+    for path in data_files(folder):
+        try:
+            parts.append(load_calibration_data(path, specs))
+        except QtoolError as exc:
+            message = str(exc)
+            raise QtoolError(message if path in message else f"'{path}': {message}") from None
+    ignored = list(dict.fromkeys(name for part in parts for name in part.ignored))
+    return CalibrationData({}, sum(p.num_samples for p in parts), parts[0].fixed_batch, ignored, folder,
+                           {s.name: s for s in specs}, parts)
 
 
 def _fits(shape: tuple, got: tuple) -> bool:

@@ -135,12 +135,14 @@ json_option = click.option(
     "--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
     help="The summary as JSON: on stdout (instead of the text), or into FILE (with the text on stdout).",
 )
-DATA_HELP = ".npz with one array per model input (first axis = samples), or a .npy for a one-input model."
-data_option = click.option("--data", "data", type=click.Path(dir_okay=False), default=None,
+DATA_HELP = (".npz with one array per model input (first axis = samples), a .npy for a one-input model, or a folder "
+             "of such files (samples of different dynamic shapes; see docs/calibration.md).")
+DATA_PATH = click.Path()  # a file or a folder
+data_option = click.option("--data", "data", type=DATA_PATH, default=None,
                            help="Calibration data: " + DATA_HELP)
 calibration_data_option = click.option(
     "--calibration-data",
-    type=click.Path(dir_okay=False),
+    type=DATA_PATH,
     default=None,
     help=DATA_HELP,
 )

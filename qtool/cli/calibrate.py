@@ -9,6 +9,8 @@ import click
 from qtool import api
 from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import (
+    DATA_HELP,
+    DATA_PATH,
     apply_aliases,
     batch_size_option,
     calibration_config,
@@ -25,8 +27,7 @@ from qtool.cli._progress import StageProgress
 
 @click.command("calibrate")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", "data", type=click.Path(dir_okay=False), required=True,
-              help=".npz with one array per model input (first axis = samples), or a .npy for a one-input model.")
+@click.option("--data", "data", type=DATA_PATH, required=True, help=DATA_HELP)
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,
               help="Ranges file to write (JSON, see docs/calibration.md).")
 @calibration_options

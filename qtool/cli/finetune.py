@@ -9,7 +9,7 @@ import click
 
 from qtool import api
 from qtool.model.io import check_side_output, model_files
-from qtool.cli._common import json_option, output_option
+from qtool.cli._common import DATA_PATH, json_option, output_option
 from qtool.cli._output import write_json
 from qtool.finetune.config import AUTO, LEARNING_RATE_CANDIDATES, FinetuneConfig
 
@@ -27,8 +27,9 @@ class _RateOrAuto(click.ParamType):
 
 @click.command("finetune")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", required=True, type=click.Path(dir_okay=False),
-              help=".npz with one array per model input (samples first); --labels names another array in it.")
+@click.option("--data", required=True, type=DATA_PATH,
+              help=".npz with one array per model input (samples first), or a folder of them; --labels names another "
+                   "array in it (in each file of a folder).")
 @output_option
 @click.option("--steps", type=click.IntRange(1), default=300, show_default=True,
               help="Length of the schedule (with --resume: the step to reach).")
@@ -58,8 +59,8 @@ class _RateOrAuto(click.ParamType):
               "or let them follow the moving average only.")
 @click.option("--keep-best/--keep-last", default=True, show_default=True,
               help="Write the values of the best validation (never worse than the input), or of the last step.")
-@click.option("--validation-data", type=click.Path(dir_okay=False), default=None,
-              help=".npz to validate on during training (default: the training data).")
+@click.option("--validation-data", type=DATA_PATH, default=None,
+              help=".npz or folder to validate on during training (default: the training data).")
 @click.option("--validation-labels", default=None, metavar="KEY",
               help="Array of --validation-data with class ids: the metric is accuracy (default: --labels; "
               "without labels: SQNR of the quantized outputs against the float model's).")

@@ -7,6 +7,7 @@ import click
 from qtool import api
 from qtool.model.io import check_side_output, model_files
 from qtool.cli._common import (
+    DATA_PATH,
     apply_aliases,
     batch_size_option,
     calibration_config,
@@ -75,7 +76,7 @@ def _run(command: str, call):
 @click.option("--freeze-bn-delay", type=click.IntRange(0), default=None,
               help="Step after which batch norms use moving statistics.")
 @data_option
-@deprecated_alias("--calibration-data", "--data", "data", type=click.Path(dir_okay=False))
+@deprecated_alias("--calibration-data", "--data", "data", type=DATA_PATH)
 @batch_size_option
 @calibration_options
 @in_place_option
@@ -107,7 +108,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @click.argument("model", type=click.Path(dir_okay=False))
 @output_option
 @data_option
-@deprecated_alias("--calibration-data", "--data", "data", type=click.Path(dir_okay=False))
+@deprecated_alias("--calibration-data", "--data", "data", type=DATA_PATH)
 @batch_size_option
 @quantization_options
 @standard_ops_option

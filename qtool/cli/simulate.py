@@ -11,14 +11,15 @@ from qtool.errors import QtoolError
 from qtool.simulate.config import SimulateConfig
 from qtool.simulate.report import json_safe
 
-from qtool.cli._common import batch_size_option, calibration_data_option, json_option, latency_option, scope_option
+from qtool.cli._common import DATA_PATH, batch_size_option, calibration_data_option, json_option, latency_option, scope_option
 from qtool.cli._progress import StageProgress
 
 
 @click.command("simulate")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", type=click.Path(dir_okay=False), required=True,
-              help=".npz with one array per model input (samples first), and optionally the labels.")
+@click.option("--data", type=DATA_PATH, required=True,
+              help=".npz with one array per model input (samples first), and optionally the labels; or a folder of "
+                   "them (read lazily).")
 @click.option("--labels", default=None, metavar="NAME", help="Array in --data holding integer class ids.")
 @click.option("--output", "output_name", default=None, metavar="NAME", help="Model output to compare (default: the first float one).")
 @click.option("--batch-axis", multiple=True, metavar="[OUTPUT=]AXIS",

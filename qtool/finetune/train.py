@@ -60,12 +60,29 @@ _MIN_RANGE = 1e-6
 
 # --- data ---------------------------------------------------------------------------------------
 @dataclass
-class _Data:
+class _Group:
+    """The samples of one shape (a folder's files may differ in dynamic dimensions; a single file is one group),
+    read whole: training samples batches in random order (calibration streams them)."""
+
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None
     num: int
+
+
+@dataclass
+class _Data:
+    groups: list[_Group]  # by shape, in the data's order (``CalibrationData.shape_groups``)
     source: str
     loaded: CalibrationData  # how each input is fed (its batch axis), the model's static batch size
+
+    @property
+    def num(self) -> int:
+        return sum(g.num for g in self.groups)
+
+    @property
+    def labels(self) -> bool | None:
+        """True when the data has labels (each group holds its own)."""
+        return None if self.groups[0].labels is None else True
 
     @property
     def fixed_batch(self) -> int | None:
@@ -77,13 +94,16 @@ class _Data:
         batch, so the same over the whole dataset. They stay on the host, constants at trace time: an ``If`` on
         the sample rate runs only its taken branch, shapes computed from them stay static."""
         specs = self.loaded.specs
-        return {k: v for k, v in self.inputs.items() if k in specs and specs[k].batch_axis is None}
+        return {k: v for k, v in self.groups[0].inputs.items() if k in specs and specs[k].batch_axis is None}
 
-    def feed(self, rows) -> dict:
-        """The model's batched inputs for ``rows`` (a slice or sorted indices), on the device (the
+    def feed(self, group: _Group, rows) -> dict:
+        """The model's batched inputs for ``rows`` (a slice or sorted indices) of ``group``, on the device (the
         :attr:`fixed` ones are not fed: the compiled functions hold them)."""
         fixed = self.fixed
-        return {k: jnp.asarray(v) for k, v in self.loaded.select(self.inputs, rows).items() if k not in fixed}
+        return {k: jnp.asarray(v) for k, v in self.loaded.select(group.inputs, rows).items() if k not in fixed}
+
+
+_MANY_SHAPES = 4  # more shape groups than this: a note on the compiles they cost
 
 
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
@@ -93,28 +113,48 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
     except QtoolError as exc:
         raise QtoolError(str(exc).replace("calibration data", f"{what} data").replace("calibration arrays",
                                                                                       f"{what} arrays")) from exc
-    labels = None
+    groups = [_Group(data.read_group(group), None, sum(p.num_samples for p in group))
+              for group in data.shape_groups()]
     if labels_key is not None:
-        if isinstance(source, (str, os.PathLike)):
-            archive = np.load(os.fspath(source), allow_pickle=False)
-            if not hasattr(archive, "files"):
-                raise QtoolError(f"{what} data '{os.fspath(source)}' is a single array: labels ('{labels_key}') "
-                                 "need an .npz holding the inputs and the labels")
-            with archive:
-                labels = archive[labels_key] if labels_key in archive.files else None
-        elif isinstance(source, Mapping):
-            labels = np.asarray(source[labels_key]) if labels_key in source else None
-        if labels is None and require_labels:
-            raise QtoolError(f"{what} data '{data.source or '<arrays>'}' has no array '{labels_key}' (--labels)")
-        if labels is not None:
-            if labels.shape[:1] != (data.num_samples,):
-                raise QtoolError(f"{what} labels '{labels_key}' have {labels.shape[0] if labels.ndim else 0} "
-                                 f"entries for {data.num_samples} samples")
-            if labels.dtype.kind not in "iu":
-                raise QtoolError(f"{what} labels '{labels_key}' must be integer class ids, got {labels.dtype}")
-    # training samples batches in random order: the arrays are read whole (calibration streams them)
-    arrays = {name: np.asarray(a) for name, a in data.arrays.items()}
-    return _Data(arrays, labels, data.num_samples, data.source or "<arrays>", data)
+        for group, parts in zip(groups, data.shape_groups()):
+            group.labels = _labels(source, data, parts, labels_key, what)
+        if any(g.labels is None for g in groups):
+            if require_labels:
+                raise QtoolError(f"{what} data '{data.source or '<arrays>'}' has no array '{labels_key}' (--labels)"
+                                 + (" in every file" if data.parts else ""))
+            for group in groups:
+                group.labels = None
+    fixed = [{k: v for k, v in g.inputs.items() if data.specs[k].batch_axis is None} for g in groups]
+    if any(f.keys() != fixed[0].keys() or any(not np.array_equal(v, fixed[0][k]) for k, v in f.items())
+           for f in fixed):
+        raise QtoolError(f"{what} data '{data.source}': the inputs without a batch axis "
+                         f"({', '.join(fixed[0])}) differ between its files; fine-tuning compiles them as constants: "
+                         "give files with the same values")
+    return _Data(groups, data.source or "<arrays>", data)
+
+
+def _labels(source, data: CalibrationData, parts: list, key: str, what: str) -> np.ndarray | None:
+    """The labels ``key`` of a shape group, checked (None: the data has none)."""
+    if data.parts:
+        labels = data.read_array(key, parts)
+    elif isinstance(source, (str, os.PathLike)):
+        if data.members is None:
+            raise QtoolError(f"{what} data '{os.fspath(source)}' is a single array: labels ('{key}') "
+                             "need an .npz holding the inputs and the labels")
+        labels = data.read_array(key)
+    elif isinstance(source, Mapping):
+        labels = np.asarray(source[key]) if key in source else None
+    else:
+        labels = None
+    if labels is None:
+        return None
+    num = sum(p.num_samples for p in parts)
+    if labels.shape[:1] != (num,):
+        raise QtoolError(f"{what} labels '{key}' have {labels.shape[0] if labels.ndim else 0} "
+                         f"entries for {num} samples")
+    if labels.dtype.kind not in "iu":
+        raise QtoolError(f"{what} labels '{key}' must be integer class ids, got {labels.dtype}")
+    return labels
 
 
 # --- the contract ---------------------------------------------------------------------------------------
@@ -530,17 +570,20 @@ class _Validator:
     teacher_cache: list  # the teacher's data outputs, one list per validation batch
 
     def batches(self):
-        for s in range(0, self.val.num, self.eval_batch):
-            yield s, self.val.feed(slice(s, s + self.eval_batch))
+        """``(labels or None, feed)`` of each validation batch, shape group by shape group."""
+        for group in self.val.groups:
+            for s in range(0, group.num, self.eval_batch):
+                rows = slice(s, s + self.eval_batch)
+                yield None if group.labels is None else group.labels[rows], self.val.feed(group, rows)
 
     def metric(self, params, state) -> float:
         correct = 0
         signal = noise = 0.0
-        for (s, b), t in zip(self.batches(), self.teacher_cache):
+        for (labels, b), t in zip(self.batches(), self.teacher_cache):
             q = self.eval_outputs(params, state, b)
             if self.metric_name == "accuracy":
                 pred = np.asarray(jnp.argmax(q[0], axis=-1))
-                correct += int(np.sum(pred == self.val.labels[s:s + self.eval_batch]))
+                correct += int(np.sum(pred == labels))
             else:
                 for qo, to in zip(q, t):
                     qo, to = np.asarray(qo, np.float64), np.asarray(to, np.float64)
@@ -552,8 +595,8 @@ class _Validator:
         if self.metric_name != "accuracy":
             return float("inf")
         correct = 0
-        for (s, _), t in zip(self.batches(), self.teacher_cache):
-            correct += int(np.sum(np.asarray(jnp.argmax(t[0], axis=-1)) == self.val.labels[s:s + self.eval_batch]))
+        for (labels, _), t in zip(self.batches(), self.teacher_cache):
+            correct += int(np.sum(np.asarray(jnp.argmax(t[0], axis=-1)) == labels))
         return correct / self.val.num
 
 
@@ -577,7 +620,7 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
     metric_name = "accuracy" if val.labels is not None else "sqnr_db"
-    eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(val.num))
+    eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(max(g.num for g in val.groups)))
     validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
     try:
         validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
@@ -599,13 +642,13 @@ def _one_sample_error(forward: Callable, val: _Data, size: int) -> QtoolError | 
     """The error to give when the model failed on a batch of ``size`` but runs on one sample: its inputs
     declare a free batch axis, its graph was exported for one sample (a Reshape to a batch of 1 in khmersm's
     transformer). None when one sample fails too (the batch size is not the cause)."""
-    if min(size, val.num) <= 1:
+    if min(size, val.groups[0].num) <= 1:
         return None
     try:
-        forward(val.feed(slice(0, 1)))
+        forward(val.feed(val.groups[0], slice(0, 1)))
     except QtoolError:
         return None
-    return QtoolError(f"the model runs on one sample but fails on a batch of {min(size, val.num)} (its inputs "
+    return QtoolError(f"the model runs on one sample but fails on a batch of {min(size, val.groups[0].num)} (its inputs "
                       "declare a free batch size, its graph does not take one): fine-tune with --batch-size 1 "
                       "(validation then runs one sample at a time too)")
 
@@ -635,22 +678,29 @@ class _Trained:
 
 
 class _Batches:
-    """Training batches in random order: a fresh permutation whenever the current one runs out."""
+    """Training batches in random order: a fresh permutation whenever the current one runs out. A batch holds
+    samples of one shape: each shape group's permutation is cut into batches (of all of a group smaller than
+    the batch size), and the batches of several groups are shuffled together."""
 
     def __init__(self, train: _Data, batch_size: int, rng: np.random.Generator):
         self.train, self.batch_size, self.rng = train, batch_size, rng
-        self.order = rng.permutation(train.num)
-        self.cursor = 0
+        self.plan: list[tuple[_Group, np.ndarray]] = []
+
+    def _epoch(self) -> list[tuple[_Group, np.ndarray]]:
+        plan = []
+        for group in self.train.groups:
+            order, size = self.rng.permutation(group.num), min(self.batch_size, group.num)
+            plan += [(group, np.sort(order[s:s + size])) for s in range(0, group.num - size + 1, size)]
+        if len(self.train.groups) > 1:
+            plan = [plan[i] for i in self.rng.permutation(len(plan))]
+        return plan[::-1]  # popped from the end
 
     def next(self) -> tuple[dict, jax.Array | None]:
-        train, batch_size = self.train, self.batch_size
-        if self.cursor + batch_size > train.num:
-            self.order = self.rng.permutation(train.num)
-            self.cursor = 0
-        idx = np.sort(self.order[self.cursor:self.cursor + batch_size])
-        self.cursor += batch_size
-        batch = train.feed(idx)
-        labels = None if train.labels is None else jnp.asarray(train.labels[idx].astype(np.int32))
+        if not self.plan:
+            self.plan = self._epoch()
+        group, idx = self.plan.pop()
+        batch = self.train.feed(group, idx)
+        labels = None if group.labels is None else jnp.asarray(group.labels[idx].astype(np.int32))
         return batch, labels
 
 
@@ -661,6 +711,10 @@ def _batch_size(config: FinetuneConfig, train: _Data, notes: list[str]) -> int:
         notes.append(f"the model's inputs have a fixed batch size of {batch_size}: using it")
     elif batch_size < config.batch_size:
         notes.append(f"batch size {config.batch_size} is more than the {train.num} samples: using {batch_size}")
+    if len(train.groups) > _MANY_SHAPES:
+        notes.append(f"the training data has {len(train.groups)} input shapes: each is a compile of the training "
+                     "step (and of validation), batches never mix them; pad the samples to a few lengths to "
+                     "compile less")
     return batch_size
 
 

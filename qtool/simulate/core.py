@@ -82,7 +82,7 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     _stage(progress, "preparing", 0, 0)
     ref = FloatReference(f.model)
     accs = [plan_model(q, ref, output, config.sensitivity, config.histograms) for q in models]
-    runner = float_runner(ref, f.path, accs, output, set(dataset.arrays))
+    runner = float_runner(ref, f.path, accs, output, set(dataset.input_names()))
     t = time.perf_counter()
     _evaluate(runner, accs, dataset, labels, config, output, totals, progress)
     totals.seconds["evaluating"] = round(time.perf_counter() - t, 3)

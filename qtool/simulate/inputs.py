@@ -94,16 +94,60 @@ def _labels(arrays: dict, labels: str, where: str, per_position: bool) -> np.nda
     return label_array
 
 
+class JoinedLabels:
+    """A folder's labels, file by file in the data's order, sliced as one array (per-position labels of files
+    of different shapes cannot be one)."""
+
+    def __init__(self, pieces: list[np.ndarray]):
+        self.pieces = pieces
+        self.starts = np.cumsum([0] + [len(p) for p in pieces])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(len(self))
+        parts = [p[max(start - s, 0): stop - s] for p, s in zip(self.pieces, self.starts[:-1])
+                 if s < stop and s + len(p) > start]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _read_folder(folder: str, model: ir.Model, labels: str | None,
+                 per_position: bool) -> tuple[CalibrationData, JoinedLabels | None]:
+    """A folder of data files (read lazily, by :mod:`qtool.data`) and each file's labels."""
+    loaded = _checked(folder, model, f"'{folder}'")
+    if labels is None:
+        return loaded, None
+    pieces = []
+    for part in (p for group in loaded.shape_groups() for p in group):
+        array = part.read_array(labels)
+        where = f"'{part.source}'"
+        pieces.append(_labels({} if array is None else {labels: array}, labels, where, per_position))
+        if len(pieces[-1]) != part.num_samples:
+            raise QtoolError(f"labels {labels!r} hold {len(pieces[-1])} class ids but {where} has "
+                             f"{part.num_samples} samples")
+    loaded.ignored = [name for name in loaded.ignored if name != labels]
+    return loaded, JoinedLabels(pieces)
+
+
+def _checked(arrays, model: ir.Model, where: str) -> CalibrationData:
+    try:
+        return load_calibration_data(arrays, input_specs(model))
+    except QtoolError as exc:
+        message = str(exc).replace("calibration data", "data").replace("calibration arrays", "arrays")
+        raise QtoolError(message if where.strip("'") in message else f"{where}: {message}") from None
+
+
 def read_data(data, model: ir.Model, labels: str | None,
-              per_position: bool = False) -> tuple[CalibrationData, np.ndarray | None]:
-    """The evaluation data checked against the model's inputs, and the labels (or None)."""
+              per_position: bool = False) -> tuple[CalibrationData, np.ndarray | JoinedLabels | None]:
+    """The evaluation data checked against the model's inputs, and the labels (or None). A folder is read
+    lazily (a file is read whole)."""
+    if isinstance(data, (str, os.PathLike)) and os.path.isdir(data):
+        return _read_folder(os.fspath(data), model, labels, per_position)
     arrays, label = _read_arrays(data)
     where = f"'{label}'" if label else "the data"
     label_array = _labels(arrays, labels, where, per_position) if labels is not None else None
-    try:
-        loaded = load_calibration_data(arrays, input_specs(model))
-    except QtoolError as exc:
-        raise QtoolError(f"{where}: {str(exc).replace('calibration data', 'data').replace('calibration arrays', 'arrays')}") from None
+    loaded = _checked(arrays, model, where)
     if label_array is not None and len(label_array) != loaded.num_samples:
         raise QtoolError(
             f"labels {labels!r} hold {len(label_array)} class ids but {where} has {loaded.num_samples} samples"
