@@ -258,6 +258,7 @@ class CalibrationData:
     specs: dict[str, InputSpec] = field(default_factory=dict)  # how each input is fed (batch axis)
     parts: list[CalibrationData] = field(default_factory=list)  # a folder's files, in name order (else empty)
     members: dict[str, str] | None = None  # a file's arrays by name (zip members), for :meth:`read_array`
+    _groups: list | None = field(default=None, repr=False, compare=False)  # :meth:`shape_groups`, once found
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """The feeds, shape group by shape group (:meth:`shape_groups`); a batch never mixes shapes, and
@@ -282,10 +283,12 @@ class CalibrationData:
         """The files grouped by shape (the batched inputs' shapes but the samples axis, and the inputs without
         a batch axis, values too), each group in name order, the groups in the order their first file has:
         the order of :meth:`batches`. One group for a single file."""
-        groups: dict[tuple, list[CalibrationData]] = {}
-        for part in self.files():
-            groups.setdefault(self._shape_key(part), []).append(part)
-        return list(groups.values())
+        if self._groups is None:
+            groups: dict[tuple, list[CalibrationData]] = {}
+            for part in self.files():
+                groups.setdefault(self._shape_key(part), []).append(part)
+            self._groups = list(groups.values())
+        return self._groups
 
     def _shape_key(self, part: CalibrationData) -> tuple:
         if not self.parts:

@@ -13,6 +13,7 @@ from qtool.data import InputSpec, load_calibration_data
 from qtool.errors import QtoolError
 from qtool.finetune.config import FinetuneConfig
 from qtool.simulate.config import SimulateConfig
+from qtool.simulate.inputs import JoinedLabels
 from qtool.cli import main
 
 HIDDEN, CLASSES = 8, 3
@@ -190,3 +191,66 @@ def test_finetune_on_a_folder_of_two_shapes(bert, tmp_path):
     result = finetune(str(tmp_path / "t.onnx"), str(folder), str(tmp_path / "tuned.onnx"),
                       FinetuneConfig(steps=3, batch_size=4, labels="labels", validation_data=str(folder)))
     assert result.end_step == 3 and 0 <= result.after <= 1 and result.metric_name == "accuracy"
+
+
+def test_simulate_labels_come_from_each_file(bert, tmp_path):
+    _, model, samples, _ = bert
+    folder = _write(tmp_path / "labels", samples[:3])
+    np.savez(folder / "003.npz", ids=samples[3]["ids"], mask=samples[3]["mask"])  # no labels
+    with pytest.raises(QtoolError, match=r"no labels array 'labels' in '.*003\.npz'"):
+        simulate(str(model), str(folder), SimulateConfig(labels="labels"))
+    joined = JoinedLabels([np.zeros((2, 5)), np.ones((1, 7)), np.full((3, 5), 2.0)])  # per-position, two shapes
+    assert len(joined) == 6 and joined[0:2].shape == (2, 5) and joined[2:3].shape == (1, 7)
+    assert joined[3:6].tolist() == [[2.0] * 5] * 3 and joined[1:2].tolist() == [[0.0] * 5]
+
+
+def test_a_folder_is_read_lazily_one_file_open_at_a_time(tmp_path, monkeypatch):
+    from qtool import data as data_module
+    specs = [InputSpec("x", np.dtype(np.float32), ("batch", 64))]
+    folder = tmp_path / "lazy"
+    folder.mkdir()
+    for i in range(40):
+        np.save(folder / f"{i:02d}.npy", np.full((1, 64), i, np.float32))
+    data = load_calibration_data(folder, specs)
+    opened, now, most = [], [0], [0]
+    real_open = data_module.StoredArray._open
+
+    class Counting:
+        def __init__(self, cm):
+            self.cm = cm
+
+        def __enter__(self):
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+            opened.append(1)
+            return self.cm.__enter__()
+
+        def __exit__(self, *exc):
+            now[0] -= 1
+            return self.cm.__exit__(*exc)
+
+    monkeypatch.setattr(data_module.StoredArray, "_open", lambda self: Counting(real_open(self)))
+    batches = data.batches(16)
+    first = next(batches)
+    assert first["x"].shape == (16, 64) and len(opened) == 16 and most[0] == 1  # 16 files read, one at a time
+    rest = list(batches)
+    assert [b["x"].shape[0] for b in rest] == [16, 8] and rest[-1]["x"][-1, 0] == 39
+
+
+def test_files_with_different_inputs_without_a_batch_axis_calibrate_both_if_branches(tmp_path):
+    """A sample rate per file (an input with no batch axis, fed whole): each file's batches take its own If
+    branch, so a folder calibrates both branches (one file can hold one rate only)."""
+    from onnx_rewrite.test_if_branches import data, silero_like
+    folder = tmp_path / "rates"
+    folder.mkdir()
+    np.savez(folder / "a.npz", **data(6, 16000))
+    np.savez(folder / "b.npz", **data(5, 8000))
+    np.savez(folder / "c.npz", **data(3, 16000))
+    loaded = load_calibration_data(folder, [InputSpec("x", np.dtype(np.float32), ("N", 4, 32)),
+                                            InputSpec("sr", np.dtype(np.int64), (), None)])
+    assert [(b["x"].shape[0], int(b["sr"])) for b in loaded.batches(4)] == \
+        [(4, 16000), (4, 16000), (1, 16000), (4, 8000), (1, 8000)]
+    result = rewrite_eval(silero_like(18), calibration_data=str(folder),
+                          calibration=CalibrationConfig(batch_size=4))
+    taken = {b.attribute: b.samples for b in result.branches}
+    assert taken == {"then_branch": 9, "else_branch": 5} and all(b.result is not None for b in result.branches)
