@@ -254,3 +254,14 @@ def test_files_with_different_inputs_without_a_batch_axis_calibrate_both_if_bran
                           calibration=CalibrationConfig(batch_size=4))
     taken = {b.attribute: b.samples for b in result.branches}
     assert taken == {"then_branch": 9, "else_branch": 5} and all(b.result is not None for b in result.branches)
+
+
+def test_finetune_names_the_file_without_labels(tmp_path):
+    folder = _write(tmp_path / "train", _sentences([4, 6], seed=5))
+    np.savez(folder / "002.npz", **{k: v for k, v in _sentences([4])[0].items() if k != "labels"})
+    model = tmp_path / "m.onnx"
+    model.write_bytes(_bert_like().SerializeToString())
+    rewrite_train(str(model), str(tmp_path / "t.onnx"), calibration_data=str(folder),
+                  schedule=TrainSchedule(freeze_bn_delay=0))
+    with pytest.raises(QtoolError, match=r"training data '.*002\.npz' has no array 'labels'"):
+        finetune(str(tmp_path / "t.onnx"), str(folder), None, FinetuneConfig(steps=1, labels="labels"))

@@ -80,9 +80,9 @@ class _Data:
         return sum(g.num for g in self.groups)
 
     @property
-    def labels(self) -> bool | None:
-        """True when the data has labels (each group holds its own)."""
-        return None if self.groups[0].labels is None else True
+    def has_labels(self) -> bool:
+        """Whether the data has labels (each shape group holds its own)."""
+        return self.groups[0].labels is not None
 
     @property
     def fixed_batch(self) -> int | None:
@@ -120,8 +120,9 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
             group.labels = _labels(source, data, parts, labels_key, what)
         if any(g.labels is None for g in groups):
             if require_labels:
-                raise QtoolError(f"{what} data '{data.source or '<arrays>'}' has no array '{labels_key}' (--labels)"
-                                 + (" in every file" if data.parts else ""))
+                lacking = next((p.source for p in data.files() if p.members is None or labels_key not in p.members),
+                               None) if data.parts else data.source
+                raise QtoolError(f"{what} data '{lacking or '<arrays>'}' has no array '{labels_key}' (--labels)")
             for group in groups:
                 group.labels = None
     fixed = [{k: v for k, v in g.inputs.items() if data.specs[k].batch_axis is None} for g in groups]
@@ -619,7 +620,7 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     eval_jit = jax.jit(eval_outputs)
     teacher_jit = jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(_TEACHER_STEP), False)[o]
                                                 for o in data_outputs])
-    metric_name = "accuracy" if val.labels is not None else "sqnr_db"
+    metric_name = "accuracy" if val.has_labels else "sqnr_db"
     eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(max(g.num for g in val.groups)))
     validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
     try:
