@@ -26,8 +26,9 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def _bert_like():
-    """ids, mask [batch, seq] -> embedding, one masked self-attention head, mean over the sequence -> logits."""
+def _bert_like(per_token=False):
+    """ids, mask [batch, seq] -> embedding, one masked self-attention head, mean over the sequence -> logits
+    (``per_token``: logits [batch, seq, classes] and their max ``score`` [batch, seq])."""
     rng = np.random.default_rng(0)
     w = lambda *s: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.5)  # noqa: E731
     inits = [w(16, HIDDEN), w(HIDDEN, HIDDEN), w(HIDDEN, HIDDEN), w(HIDDEN, CLASSES)]
@@ -43,10 +44,14 @@ def _bert_like():
              n("Mul", ["inv", "big"], ["neg"]), n("Unsqueeze", ["neg", "axis1"], ["neg3"]),
              n("Add", ["s", "neg3"], ["sm"]), n("Softmax", ["sm"], ["p"], axis=-1), n("MatMul", ["p", "e"], ["c"]),
              n("ReduceMean", ["c"], ["pooled"], axes=[1], keepdims=0), n("MatMul", ["pooled", "wc"], ["logits"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])]
+    if per_token:
+        nodes[-2:] = [n("MatMul", ["c", "wc"], ["logits"]), n("ReduceMax", ["logits"], ["score"], axes=[2], keepdims=0)]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", CLASSES]),
+                   helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", "seq"])]
     graph = helper.make_graph(
         nodes, "bert_like",
-        [helper.make_tensor_value_info(s.name, TensorProto.INT64, ["batch", "seq"]) for s in SPECS],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])], inits)
+        [helper.make_tensor_value_info(s.name, TensorProto.INT64, ["batch", "seq"]) for s in SPECS], outputs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -265,3 +270,22 @@ def test_finetune_names_the_file_without_labels(tmp_path):
                   schedule=TrainSchedule(freeze_bn_delay=0))
     with pytest.raises(QtoolError, match=r"training data '.*002\.npz' has no array 'labels'"):
         finetune(str(tmp_path / "t.onnx"), str(folder), None, FinetuneConfig(steps=1, labels="labels"))
+
+
+def test_simulate_per_token_classes_over_a_folder_of_lengths(tmp_path):
+    """A token tagger: accuracy over every token of every length; an output whose values per sample follow the
+    length is values, not classes."""
+    import onnxruntime as ort
+    model = tmp_path / "tagger.onnx"
+    model.write_bytes(_bert_like(per_token=True).SerializeToString())
+    rng = np.random.default_rng(8)
+    samples = [{**s, "labels": rng.integers(0, CLASSES, s["ids"].shape)} for s in _sentences([5, 7, 5, 9], seed=8)]
+    folder = _write(tmp_path / "tagged", samples)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    right = sum(int(np.sum(session.run(["logits"], {"ids": s["ids"], "mask": s["mask"]})[0].argmax(-1) == s["labels"]))
+                for s in samples)
+    result = simulate(str(model), str(folder), SimulateConfig(labels="labels", class_axis=2, output="logits"))
+    assert result.samples == 4 and result.float_correct == right and result.float_accuracy == right / 26
+    scores = simulate(str(model), str(folder), SimulateConfig(output="score"))
+    assert scores.models[0].agreement is None and any("different number of values per sample" in n
+                                                      for n in scores.notes)

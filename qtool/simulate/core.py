@@ -54,6 +54,8 @@ class _Totals:
     samples: int = 0
     correct: int = 0
     layout: ClassLayout | None = None  # where the compared output holds its classes (after the first batch)
+    predictions: int = 0  # top-1 places compared: samples x positions, batch by batch (a folder's shapes differ)
+    varying: bool = False  # the output's values per sample differ between batches (a folder's shapes): no classes
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -96,11 +98,14 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         notes.append(FLOAT_FUSION_NOTE)
     layout = totals.layout or ClassLayout(2)  # no samples: nothing measured either way
     classes = layout.has_top1
-    if layout.classes == 0:
+    if totals.varying:
+        notes.append(f"output {output!r} holds a different number of values per sample in batches of different "
+                     "shapes: not classes; no top-1 and no agreement; judged by SQNR")
+    elif layout.classes == 0:
         notes.append(f"output {output!r} spreads each sample over several axes: no top-1 and no agreement without "
                      "--class-axis (e.g. the classes axis of a tagger, a segmenter or a recognizer); judged by SQNR")
     has_labels = labels is not None
-    predictions = totals.samples * layout.positions
+    predictions = totals.predictions
     return SimulateResult(
         model=f.label, data=dataset.source or "<data>", samples=totals.samples, batch_size=config.batch_size,
         output=output, output_kind="classes" if classes else "values", batch_axis=config.axis_for(output),
@@ -159,15 +164,33 @@ def _float_batch(runner, number: int, feed: dict, n: int, labels, axis: int, tot
     values.update(feed)
     values[runner.output] = raw
     out = samples_first(raw, axis, n, "the float model's", runner.output)
-    if totals.layout is None:
-        totals.layout = class_layout(out, np.ndim(raw), axis, config.class_axis, runner.output)
-    layout = totals.layout
+    layout = _layout(totals, class_layout(out, np.ndim(raw), axis, config.class_axis, runner.output), config,
+                     runner.output)
     top = layout.top1(out) if layout.has_top1 else None
     lab = None
     if labels is not None:
         lab = _batch_labels(labels[totals.samples : totals.samples + n], layout, out, config, runner.output)
         totals.correct += m.count_equal(top, lab)
+    totals.predictions += n * layout.positions if layout.has_top1 else 0
     return Batch(number, feed, out, top, lab, layout, values, axis)
+
+
+def _layout(totals: _Totals, layout: ClassLayout, config: SimulateConfig, output: str) -> ClassLayout:
+    """The layout of this batch's output, the first batch's unless the classes differ (batches of a folder's
+    shapes): then a class axis given is an error, else the output holds values, not classes."""
+    known = totals.layout
+    if known is None:
+        totals.layout = known = layout
+    if totals.varying:
+        return known
+    if (layout.classes, layout.axis) != (known.classes, known.axis):
+        if config.class_axis is not None:
+            raise QtoolError(f"--class-axis {config.class_axis}: output {output!r} has {known.classes} classes in one "
+                             f"batch and {layout.classes} in another (samples of different shapes): the classes axis "
+                             "must have one size")
+        totals.layout, totals.varying = ClassLayout(0, positions=0), True
+        return totals.layout
+    return layout  # its positions may differ from the first batch's (tokens of a folder's lengths)
 
 
 def _batch_labels(labels: np.ndarray, layout: ClassLayout, out: np.ndarray, config: SimulateConfig,
