@@ -182,8 +182,9 @@ def test_rewrite_eval_auto_and_simulate_on_a_folder(bert, tmp_path):
     stacked = tmp_path / "stacked.npz"
     np.savez(stacked, **{k: np.concatenate([np.load(f)[k] for f in sorted(same.iterdir())])
                          for k in ("ids", "mask", "labels")})
-    config = SimulateConfig(labels="labels", batch_size=2, weight_bits=(8,))
+    config = SimulateConfig(labels="labels", batch_size=2, weight_bits=(8,), calibration_data=str(folder))
     a, b = simulate(str(model), str(same), config), simulate(str(model), str(stacked), config)
+    assert a.calibration.samples == 8  # the what-if table calibrated on the folder of mixed lengths
     assert a.samples == b.samples == 5 and a.float_accuracy == b.float_accuracy
     assert a.models[0].output.sqnr_db == b.models[0].output.sqnr_db and a.models[0].accuracy == b.models[0].accuracy
 
