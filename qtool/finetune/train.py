@@ -96,11 +96,12 @@ class _Data:
         specs = self.loaded.specs
         return {k: v for k, v in self.groups[0].inputs.items() if k in specs and specs[k].batch_axis is None}
 
-    def feed(self, group: _Group, rows) -> dict:
-        """The model's batched inputs for ``rows`` (a slice or sorted indices) of ``group``, on the device (the
-        :attr:`fixed` ones are not fed: the compiled functions hold them)."""
+    def feed(self, rows, group: _Group | None = None) -> dict:
+        """The model's batched inputs for ``rows`` (a slice or sorted indices) of ``group`` (default: the first
+        shape's), on the device (the :attr:`fixed` ones are not fed: the compiled functions hold them)."""
         fixed = self.fixed
-        return {k: jnp.asarray(v) for k, v in self.loaded.select(group.inputs, rows).items() if k not in fixed}
+        inputs = (group or self.groups[0]).inputs
+        return {k: jnp.asarray(v) for k, v in self.loaded.select(inputs, rows).items() if k not in fixed}
 
 
 _MANY_SHAPES = 4  # more shape groups than this: a note on the compiles they cost
@@ -575,7 +576,7 @@ class _Validator:
         for group in self.val.groups:
             for s in range(0, group.num, self.eval_batch):
                 rows = slice(s, s + self.eval_batch)
-                yield None if group.labels is None else group.labels[rows], self.val.feed(group, rows)
+                yield None if group.labels is None else group.labels[rows], self.val.feed(rows, group)
 
     def metric(self, params, state) -> float:
         correct = 0
@@ -646,7 +647,7 @@ def _one_sample_error(forward: Callable, val: _Data, size: int) -> QtoolError | 
     if min(size, val.groups[0].num) <= 1:
         return None
     try:
-        forward(val.feed(val.groups[0], slice(0, 1)))
+        forward(val.feed(slice(0, 1)))
     except QtoolError:
         return None
     return QtoolError(f"the model runs on one sample but fails on a batch of {min(size, val.groups[0].num)} (its inputs "
@@ -700,7 +701,7 @@ class _Batches:
         if not self.plan:
             self.plan = self._epoch()
         group, idx = self.plan.pop()
-        batch = self.train.feed(group, idx)
+        batch = self.train.feed(idx, group)
         labels = None if group.labels is None else jnp.asarray(group.labels[idx].astype(np.int32))
         return batch, labels
 
