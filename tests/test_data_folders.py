@@ -287,6 +287,7 @@ def test_simulate_per_token_classes_over_a_folder_of_lengths(tmp_path):
                 for s in samples)
     result = simulate(str(model), str(folder), SimulateConfig(labels="labels", class_axis=2, output="logits"))
     assert result.samples == 4 and result.float_correct == right and result.float_accuracy == right / 26
+    assert result.positions is None and result.predictions == 26
     scores = simulate(str(model), str(folder), SimulateConfig(output="score"))
     assert scores.models[0].agreement is None and any("different number of values per sample" in n
                                                       for n in scores.notes)

@@ -75,7 +75,8 @@ def verdict(report: dict, model: dict) -> Verdict:
                 f"({0.0 - drop:+.2f} points), output SQNR {_db(sqnr)} dB")
     else:
         level = _level(model["agreement"] * 100, 99.5, 98.0)
-        unit = "positions" if report.get("positions", 1) > 1 else "samples"
+        per = report.get("positions", 1)
+        unit = "positions" if per is None or per > 1 else "samples"
         what = f"{model['agreement'] * 100:.2f}% of {unit} keep the float model's top-1, output SQNR {_db(sqnr)} dB"
     return Verdict(level, f"{what}: {_MEANING[level]}.")
 

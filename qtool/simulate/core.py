@@ -56,6 +56,7 @@ class _Totals:
     layout: ClassLayout | None = None  # where the compared output holds its classes (after the first batch)
     predictions: int = 0  # top-1 places compared: samples x positions, batch by batch (a folder's shapes differ)
     varying: bool = False  # the output's values per sample differ between batches (a folder's shapes): no classes
+    uneven: bool = False  # its top-1 places per sample differ between batches (tokens of a folder's lengths)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -113,7 +114,7 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
         float_correct=totals.correct if has_labels and classes else None,
         models=[a.result(max(predictions, 1), has_labels, classes) for a in accs],
-        class_axis=config.class_axis, positions=layout.positions,
+        class_axis=config.class_axis, positions=None if totals.uneven else layout.positions, predictions=predictions,
         latency=None if timed is None else timed.to_dict(),
         notes=notes, seconds=round(time.perf_counter() - start, 3), stage_seconds=totals.seconds,
     )
@@ -190,7 +191,8 @@ def _layout(totals: _Totals, layout: ClassLayout, config: SimulateConfig, output
                              "must have one size")
         totals.layout, totals.varying = ClassLayout(0, positions=0), True
         return totals.layout
-    return layout  # its positions may differ from the first batch's (tokens of a folder's lengths)
+    totals.uneven = totals.uneven or layout.positions != known.positions  # tokens of a folder's lengths
+    return layout
 
 
 def _batch_labels(labels: np.ndarray, layout: ClassLayout, out: np.ndarray, config: SimulateConfig,

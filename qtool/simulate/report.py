@@ -130,7 +130,9 @@ def _header(report: dict, width: int) -> list[str]:
         kind = " (several axes per sample, no --class-axis: SQNR, no top-1)" if several else \
             " (one value per sample: SQNR, no top-1)"
     elif report.get("class_axis") is not None:
-        kind = f" (top-1 along axis {report['class_axis']}, {report.get('positions', 1)} per sample)"
+        per = report.get("positions", 1)
+        per = f"{per} per sample" if per is not None else f"{report.get('predictions')} in all, per sample as its shape"
+        kind = f" (top-1 along axis {report['class_axis']}, {per})"
     lines = [ellipsize(f"qtool simulate: {report['model']}", width),
              ellipsize(f"  data: {report['data']}", width),
              f"  {report['samples']} samples, output '{report['output']}'{kind}{labels}"]

@@ -278,7 +278,8 @@ class SimulateResult:
     seconds: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
     class_axis: int | None = None  # top-1 per position along this output axis (None: one per sample)
-    positions: int = 1  # top-1 predictions per sample
+    positions: int | None = 1  # top-1 predictions per sample (None: they differ, samples of different shapes)
+    predictions: int | None = None  # top-1 predictions in all (samples x positions)
     latency: dict | None = None  # one-thread batch-1 timings (latency.Latency.to_dict), when asked
 
     def to_dict(self) -> dict:
@@ -287,6 +288,7 @@ class SimulateResult:
             "model": self.model, "data": self.data, "samples": self.samples, "batch_size": self.batch_size,
             "output": self.output, "output_kind": self.output_kind, "batch_axis": self.batch_axis,
             "labels": self.labels, "class_axis": self.class_axis, "positions": self.positions,
+            "predictions": self.predictions,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "float": {"accuracy": self.float_accuracy, "correct": self.float_correct},
             "models": [mdl.to_dict() for mdl in self.models],
