@@ -42,6 +42,7 @@ size that the sample count is not a multiple of.
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -145,6 +146,8 @@ class StoredArray:
     samples are not contiguous) and the rare version 3.0 headers are read
     whole when iterated.
     """
+
+    __slots__ = ("path", "member", "label", "shape", "fortran_order", "dtype", "whole", "ndim")  # one per file
 
     def __init__(self, path: str, member: str | None, label: str) -> None:
         self.path, self.member, self.label = path, member, label
@@ -403,11 +406,12 @@ def _members(path: str) -> dict[str, str] | None:
             names = archive.namelist()
     except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds on bad files
         raise QtoolError(f"cannot read calibration data '{path}': not a valid .npz file ({exc})") from exc
-    return {(n[:-4] if n.endswith(".npy") else n): n for n in names}
+    # names interned: a folder's files repeat them (its bookkeeping is per file)
+    return {sys.intern(n[:-4] if n.endswith(".npy") else n): sys.intern(n) for n in names}
 
 
-def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
-    """Read ``source`` (a path, an array, or a mapping of arrays) and check it against ``specs``."""
+def load_calibration_data(source, specs: list[InputSpec], _by_name: dict | None = None) -> CalibrationData:
+    """Read ``source`` (a path, a folder, an array, or a mapping of arrays) and check it against ``specs``."""
     label = None
     members = None  # name -> zip member, for a file: arrays are opened only once chosen
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
@@ -503,7 +507,8 @@ def load_calibration_data(source, specs: list[InputSpec]) -> CalibrationData:
             f"the model's inputs have a fixed batch size of {fixed_batch}, but the calibration data has "
             f"{num} samples: give a multiple of {fixed_batch}"
         )
-    return CalibrationData(chosen, num, fixed_batch, ignored, label, {s.name: s for s in specs}, members=members)
+    return CalibrationData(chosen, num, fixed_batch, ignored, label, _by_name or {s.name: s for s in specs},
+                           members=members)
 
 
 def data_files(folder: str) -> list[str]:
@@ -524,16 +529,16 @@ def data_files(folder: str) -> list[str]:
 
 def _load_folder(folder: str, specs: list[InputSpec]) -> CalibrationData:
     """A folder of data files, each checked as a single file is; the first error names its file."""
-    parts = []
+    parts, by_name = [], {s.name: s for s in specs}  # one dict for every file
     for path in data_files(folder):
         try:
-            parts.append(load_calibration_data(path, specs))
+            parts.append(load_calibration_data(path, specs, by_name))
         except QtoolError as exc:
             message = str(exc)
             raise QtoolError(message if path in message else f"'{path}': {message}") from None
     ignored = list(dict.fromkeys(name for part in parts for name in part.ignored))
-    return CalibrationData({}, sum(p.num_samples for p in parts), parts[0].fixed_batch, ignored, folder,
-                           {s.name: s for s in specs}, parts)
+    return CalibrationData({}, sum(p.num_samples for p in parts), parts[0].fixed_batch, ignored, folder, by_name,
+                           parts)
 
 
 def _fits(shape: tuple, got: tuple) -> bool:
