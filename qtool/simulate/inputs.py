@@ -54,25 +54,13 @@ def output_name(model: ModelInput, output: str | None) -> str:
     return output
 
 
-def _read_arrays(data) -> tuple[dict[str, np.ndarray], str | None]:
-    if isinstance(data, (str, os.PathLike)):
-        label = os.fspath(data)
-        if not os.path.exists(label):
-            raise QtoolError(f"data file '{label}' does not exist")
-        try:
-            with np.load(label, allow_pickle=False) as archive:
-                if not hasattr(archive, "files"):
-                    raise QtoolError(f"data file '{label}' is not an .npz archive")
-                return {name: archive[name] for name in archive.files}, label
-        except QtoolError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise QtoolError(f"cannot read data file '{label}': not a valid .npz file ({exc})") from exc
+def _read_arrays(data) -> dict[str, np.ndarray]:
+    """Arrays given in memory (a path is read lazily: :func:`_read_file`)."""
     if isinstance(data, np.ndarray):
-        return {"": data}, None
+        return {"": data}
     if isinstance(data, dict):
-        return {str(k): np.asarray(v) for k, v in data.items()}, None
-    raise QtoolError(f"data must be an .npz path or a dict of arrays, got {type(data).__name__}")
+        return {str(k): np.asarray(v) for k, v in data.items()}
+    raise QtoolError(f"data must be an .npz path, a folder or a dict of arrays, got {type(data).__name__}")
 
 
 def _labels(arrays: dict, labels: str, where: str, per_position: bool) -> np.ndarray:
@@ -112,22 +100,24 @@ class JoinedLabels:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _read_folder(folder: str, model: ir.Model, labels: str | None,
-                 per_position: bool) -> tuple[CalibrationData, JoinedLabels | None]:
-    """A folder of data files (read lazily, by :mod:`qtool.data`) and each file's labels."""
-    loaded = _checked(folder, model, f"'{folder}'")
+def _read_path(path: str, model: ir.Model, labels: str | None,
+               per_position: bool) -> tuple[CalibrationData, np.ndarray | JoinedLabels | None]:
+    """A data file or a folder of them, read lazily (by :mod:`qtool.data`: rows as batches are fed, memory not
+    growing with the samples), and each file's labels."""
+    loaded = _checked(path, model, f"'{path}'")
     if labels is None:
         return loaded, None
     pieces = []
     for part in (p for group in loaded.shape_groups() for p in group):
         array = part.read_array(labels)
         where = f"'{part.source}'"
-        pieces.append(_labels({} if array is None else {labels: array}, labels, where, per_position))
+        held = {name: None for name in (part.members or {}) if name != labels}  # named in the error
+        pieces.append(_labels(held if array is None else {labels: array}, labels, where, per_position))
         if len(pieces[-1]) != part.num_samples:
             raise QtoolError(f"labels {labels!r} hold {len(pieces[-1])} class ids but {where} has "
                              f"{part.num_samples} samples")
     loaded.ignored = [name for name in loaded.ignored if name != labels]
-    return loaded, JoinedLabels(pieces)
+    return loaded, pieces[0] if len(pieces) == 1 else JoinedLabels(pieces)
 
 
 def _checked(arrays, model: ir.Model, where: str) -> CalibrationData:
@@ -140,19 +130,17 @@ def _checked(arrays, model: ir.Model, where: str) -> CalibrationData:
 
 def read_data(data, model: ir.Model, labels: str | None,
               per_position: bool = False) -> tuple[CalibrationData, np.ndarray | JoinedLabels | None]:
-    """The evaluation data checked against the model's inputs, and the labels (or None). A folder is read
-    lazily (a file is read whole)."""
-    if isinstance(data, (str, os.PathLike)) and os.path.isdir(data):
-        return _read_folder(os.fspath(data), model, labels, per_position)
-    arrays, label = _read_arrays(data)
-    where = f"'{label}'" if label else "the data"
-    label_array = _labels(arrays, labels, where, per_position) if labels is not None else None
-    loaded = _checked(arrays, model, where)
+    """The evaluation data checked against the model's inputs, and the labels (or None). A file or a folder
+    is read lazily."""
+    if isinstance(data, (str, os.PathLike)):
+        return _read_path(os.fspath(data), model, labels, per_position)
+    arrays = _read_arrays(data)
+    label_array = _labels(arrays, labels, "the data", per_position) if labels is not None else None
+    loaded = _checked(arrays, model, "the data")
     if label_array is not None and len(label_array) != loaded.num_samples:
         raise QtoolError(
-            f"labels {labels!r} hold {len(label_array)} class ids but {where} has {loaded.num_samples} samples"
+            f"labels {labels!r} hold {len(label_array)} class ids but the data has {loaded.num_samples} samples"
         )
-    loaded.source = label
     return loaded, label_array
 
 

@@ -114,6 +114,23 @@ def test_without_labels_agreement_only(q8):
     assert 0.9 < rep["models"][0]["agreement"] <= 1.0
 
 
+def test_a_data_file_is_read_as_batches_are_fed_not_whole(q8, monkeypatch):
+    """simulate streams a file's rows batch by batch, as calibration does (it read every array whole: memory grew
+    with the evaluation set); only the labels are read whole. The same report as from the arrays in memory."""
+    from qtool import data as data_module
+    whole, streamed_rows = [], []
+    real_read, real_rows = data_module.StoredArray.read, data_module.StoredArray.rows
+    monkeypatch.setattr(data_module.StoredArray, "read", lambda self: whole.append(self.label) or real_read(self))
+    monkeypatch.setattr(data_module.StoredArray, "rows",
+                        lambda self, size: streamed_rows.append(self.label) or real_rows(self, size))
+    config = SimulateConfig(labels="labels", quantized=[q8], batch_size=100)
+    streamed = simulate(MODEL, EVAL, config).report
+    assert whole == ["labels"] and "input" in streamed_rows
+    with np.load(EVAL) as archive:
+        in_memory = simulate(MODEL, {k: archive[k] for k in archive.files}, config).report
+    assert streamed["models"] == in_memory["models"] and streamed["models"][0]["accuracy"] > 0.9
+
+
 # --- bad input: one clear QtoolError ------------------------------------------------------------------
 
 
