@@ -291,3 +291,24 @@ def test_simulate_per_token_classes_over_a_folder_of_lengths(tmp_path):
     scores = simulate(str(model), str(folder), SimulateConfig(output="score"))
     assert scores.models[0].agreement is None and any("different number of values per sample" in n
                                                       for n in scores.notes)
+
+
+def test_finetune_counts_each_shapes_first_step_as_its_compile():
+    """The first batch of each shape group compiles the training step for that shape: those steps are compile
+    time, not step time (only the very first was counted, so the seconds per step and the ETA took the other
+    shapes' compiles)."""
+    from qtool.finetune.train import _Batches, _Group
+
+    class Train:  # _Batches reads the groups and feeds a group's rows
+        groups = [_Group({"x": np.zeros((5, 2 + g), np.float32)}, None, 5) for g in range(3)]
+
+        def feed(self, idx, group):
+            return {"x": group.inputs["x"][idx]}
+
+    batches = _Batches(Train(), 2, np.random.default_rng(0))
+    firsts = []
+    for _ in range(12):  # two epochs: 3 groups x 2 batches of 2
+        batch, _ = batches.next()
+        firsts.append((batch["x"].shape[1], batches.new_shape))
+    assert sorted(shape for shape, new in firsts if new) == [2, 3, 4]  # once per shape, never again
+    assert all(not new for shape, new in firsts[6:])

@@ -687,6 +687,8 @@ class _Batches:
     def __init__(self, train: _Data, batch_size: int, rng: np.random.Generator):
         self.train, self.batch_size, self.rng = train, batch_size, rng
         self.plan: list[tuple[_Group, np.ndarray]] = []
+        self.seen: set[int] = set()  # the shape groups batches came from
+        self.new_shape = False  # the last batch is its group's first: the step compiled for its shape
 
     def _epoch(self) -> list[tuple[_Group, np.ndarray]]:
         plan = []
@@ -701,6 +703,8 @@ class _Batches:
         if not self.plan:
             self.plan = self._epoch()
         group, idx = self.plan.pop()
+        self.new_shape = id(group) not in self.seen
+        self.seen.add(id(group))
         batch = self.train.feed(idx, group)
         labels = None if group.labels is None else jnp.asarray(group.labels[idx].astype(np.int32))
         return batch, labels
@@ -733,14 +737,18 @@ def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int,
     every = config.validate_every or max(1, steps_run // 10)
     report_every = max(1, steps_run // 50)
     t_loop = time.perf_counter()
-    t_after_first = None
+    t_after_first, later_compiles, compiling_steps = None, 0.0, 0
     for i in range(steps_run):
         step = start_step + i
         t0 = time.perf_counter()
         params, state, opt_state, loss = _step(run, params, state, opt_state, batches, step, hyper)
         loss = float(loss)
+        if batches.new_shape or i == 0:  # the first step of each input shape compiles the step for it
+            took = time.perf_counter() - t0
+            out.compile_seconds += took
+            compiling_steps += 1
+            later_compiles += took if i else 0.0
         if i == 0:
-            out.compile_seconds = time.perf_counter() - t0
             t_after_first = time.perf_counter()
             out.loss_first = loss
         out.loss_last = loss
@@ -751,8 +759,8 @@ def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int,
         done = i + 1
         elapsed = time.perf_counter() - t_loop
         eta = None
-        if done > 1:
-            eta = (time.perf_counter() - t_after_first) / (done - 1) * (steps_run - done)
+        if done > compiling_steps:
+            eta = _per_step(t_after_first, later_compiles, done - compiling_steps) * (steps_run - done)
         validate = done % every == 0 or done == steps_run
         m = validator.metric(params, state) if validate else None
         if validate:
@@ -766,9 +774,15 @@ def _train(run: _Run, rate: float, before: float, train: _Data, batch_size: int,
     if skipped:
         notes.append(f"{skipped} step(s) were skipped: their gradients were not finite (no update applied)")
     _note_kept_best(out, config, metric_name, notes)
-    out.seconds_per_step = ((time.perf_counter() - t_after_first) / max(1, steps_run - 1) if steps_run > 1
-                            else loop_seconds)
+    out.seconds_per_step = (_per_step(t_after_first, later_compiles, steps_run - compiling_steps)
+                            if steps_run > compiling_steps else loop_seconds)
     return out
+
+
+def _per_step(t_after_first: float, later_compiles: float, steps: int) -> float:
+    """Seconds a step takes (its share of validation included) since the first step, less the compiles of the
+    other input shapes' first steps."""
+    return (time.perf_counter() - t_after_first - later_compiles) / steps
 
 
 def _step(run: _Run, params, state, opt_state, batches: _Batches, step: int, hyper):
