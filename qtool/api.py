@@ -386,6 +386,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
                                       whole=prepared.whole_range_tensors())
         ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
     branches = _train_branches(prepared.model, quant, schedule, data, calibration, progress)
+    prepared.names.reserve_graph(prepared.model.graph)  # the branches' names (and state moved up) are taken
     encoded = encode_train(prepared, schedule, ranges)
     trained = [b for b in branches if isinstance(b, TrainedBranch)]
     if trained:

@@ -62,11 +62,14 @@ class NameScope:
     def __init__(self, graph: ir.Graph):
         self._nodes: set[str] = set()
         self._values: set[str] = set()
-        for value in graph.inputs:
-            if value.name:
-                self._values.add(value.name)
-        for name in graph.initializers:
-            self._values.add(name)
+        self.reserve_graph(graph)
+
+    def reserve_graph(self, graph: ir.Graph) -> None:
+        """Every name ``graph`` uses now (its subgraphs' too) is taken: for a graph that grew after the scope
+        was made (If branches encoded for training, their state moved up)."""
+        for scope in (graph, *graph.subgraphs()):
+            self._values.update(value.name for value in scope.inputs if value.name)
+            self._values.update(scope.initializers)
         for node in graph.all_nodes():
             if node.name:
                 self._nodes.add(node.name)

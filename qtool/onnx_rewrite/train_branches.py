@@ -53,14 +53,15 @@ def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) ->
     owned = [v for v in graph.inputs if v.name not in extracted.inputs]  # the rest: enclosing tensors
     # the state moves to the enclosing graph; an enclosing weight trained as it is stays there (splice reads it)
     hoisted = [v for v in owned if v is not step and v is not range_update and not _enclosing_weight(extracted, v)]
-    names = tg.values_by_name(enclosing)
-    clash = next((v.name for v in hoisted if v.name in names), None)
-    if clash is not None:
-        raise QtoolError(f"the branch's training state '{clash}' has the name of a tensor of the enclosing graph")
     for value in owned:
         graph.inputs.remove(value)
         if value is step or value is range_update or value in hoisted:
             graph.initializers.pop(value.name, None)
+    contract = _scoped(contract, hoisted, graph.outputs, f"{extracted.node.name}/{extracted.attribute}/")
+    names = tg.values_by_name(enclosing)
+    clash = next((v.name for v in hoisted if v.name in names), None)
+    if clash is not None:
+        raise QtoolError(f"the branch's training state '{clash}' has the name of a tensor of the enclosing graph")
     updated = {u: s for s, u in contract["state"].items()}
     count = len(extracted.node.outputs)
     updates = []
@@ -72,6 +73,34 @@ def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) ->
         enclosing.register_initializer(value)
         enclosing.inputs.append(value)
     return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates)
+
+
+def _scoped(contract: dict, hoisted: list[ir.Value], outputs, prefix: str) -> dict:
+    """The branch's state (taken out of its graph) renamed under ``prefix`` (``<If>/<branch>/``), with its updated
+    ``outputs`` and in its contract: in the enclosing graph it sits beside the other branch's state and the
+    enclosing graph's own, which may quantize the same enclosing tensor (each would be
+    ``<tensor>/input_quant/min``)."""
+    renamed = {}
+    for value in hoisted:
+        renamed[value.name] = prefix + value.name
+        updated = contract["state"].get(value.name)
+        if updated is not None:
+            renamed[updated] = prefix + updated
+    for value in (*hoisted, *outputs):
+        if value.name in renamed:
+            value.name = renamed[value.name]
+            if value.const_value is not None:
+                value.const_value.name = value.name
+    return _renamed(contract, renamed)
+
+
+def _renamed(item, names: dict[str, str]):
+    """``item`` (a contract: dicts, lists, strings) with every string in ``names`` replaced, keys too."""
+    if isinstance(item, dict):
+        return {names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in item.items()}
+    if isinstance(item, list):
+        return [_renamed(v, names) for v in item]
+    return names.get(item, item) if isinstance(item, str) else item
 
 
 def _enclosing_weight(extracted: Extracted, value: ir.Value) -> bool:

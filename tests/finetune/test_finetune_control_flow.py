@@ -387,7 +387,9 @@ def test_an_if_branch_quantized_for_training_trains_and_deploys_as_trained(tmp_p
     q, tuned, deployed = tmp_path / "q.onnx", tmp_path / "t.onnx", tmp_path / "d.onnx"
     rewrite_train(_rate_if_model(), str(q), calibration_data=data)
     contract = training_contract(str(q))
-    assert "w16" in contract["parameters"] and "MatMul_2/act_quant/min" in contract["state"]
+    # the branch's state is named under its If and branch in the enclosing graph (beside the other branch's)
+    scoped = "/decoder/If/then_branch/MatMul_2/act_quant"
+    assert "w16" in contract["parameters"] and f"{scoped}/min" in contract["state"]
     model = onnx.load(str(q))
     for rate in (16000, 8000):
         feeds = {"x": data["x"], "sr": np.array(rate, np.int64), "qtool_step": np.array(0, np.int64)}
@@ -399,7 +401,7 @@ def test_an_if_branch_quantized_for_training_trains_and_deploys_as_trained(tmp_p
     finetune(str(q), data, str(tuned), FinetuneConfig(steps=4, batch_size=8, learning_rate=1e-2, keep_best=False))
     before, after = ({t.name: numpy_helper.to_array(t) for t in onnx.load(str(p)).graph.initializer} for p in (q, tuned))
     assert not np.array_equal(before["w16"], after["w16"])
-    assert before["MatMul_2/act_quant/max"] != after["MatMul_2/act_quant/max"]
+    assert before[f"{scoped}/max"] != after[f"{scoped}/max"]
     rewrite_eval(str(tuned), str(deployed))
     assert "QuantizeLinear" in _branch_ops(deployed)["then_branch"]
     assert "QuantizeLinear" not in _branch_ops(deployed)["else_branch"]

@@ -348,3 +348,26 @@ def proto_without_if() -> onnx.ModelProto:
                               [numpy_helper.from_array(_weights(8, 4, 3), "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
+
+
+def test_branches_and_the_enclosing_graph_quantizing_one_tensor_train_side_by_side():
+    """Without data both branches are encoded for training, and both quantize the enclosing ``x`` they read: each
+    would name its state ``x/input_quant/min`` (refused: "the branch's training state ... has the name of a tensor
+    of the enclosing graph"). With a Conv of the enclosing graph on ``x`` too (openWakeWord's hey_jarvis: Gemms
+    beside an If), the enclosing encoding registered that name a second time (an internal ValueError). The
+    branches' state is named under its If and branch; the graph is valid and runs."""
+    model = silero_like()
+    y2 = helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["N", 8, 32])
+    model.graph.initializer.append(numpy_helper.from_array(_weights(8, 4, 3), "w_main"))
+    model.graph.node.append(helper.make_node("Conv", ["x", "w_main"], ["y2"], pads=[1, 1], name="main_conv"))
+    model.graph.output.append(y2)
+    for m in (silero_like(), model):
+        result = qtool.rewrite_train(m)
+        state = set(result.contract["state"])
+        assert {"by_rate/then_branch/x/input_quant/min", "by_rate/else_branch/x/input_quant/min"} <= state
+        assert result.counts()["layers_quantized"] == 4 + (m is model)
+        proto = ir.serde.serialize_model(result.model)
+        onnx.checker.check_model(proto, full_check=True)
+        feeds = {**data(4), "qtool_step": np.array(0, np.int64)}
+        assert np.isfinite(run(proto, feeds)).all()
+    assert "x/input_quant/min" in state  # the enclosing Conv's own
