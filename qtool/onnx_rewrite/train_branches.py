@@ -15,6 +15,11 @@ interface moves to the enclosing graph, where a training loop feeds and reads it
   trained graph) and gives each branch's trained ranges, named as ``rewrite-eval`` names a branch's
   ranges (``<If>:<branch>:<tensor>``).
 
+A branch model's own If branches are encoded first (``api._encode_train`` recurses) and joined to it:
+their state is then the branch model's, hoisted again by :func:`splice_trained`, through each enclosing
+If to the main graph; their ``branches`` records nest in the branch's (``strip_training_graph`` strips
+them in turn, their ranges named ``<If>:<branch>:<inner If>:<inner branch>:<tensor>``, as rewrite-eval's).
+
 Pure graph edits: nothing runs here.
 """
 
@@ -41,11 +46,13 @@ class TrainedBranch:
     step: ir.Value  # placeholders: what the branch reads as the step and the range-update inputs
     range_update: ir.Value | None
     updates: list[tuple[str, ir.Value]] = field(default_factory=list)  # state name -> the body's updated value
+    inner: list = field(default_factory=list)  # its own If branches' results (TrainedBranch or BranchResult)
 
 
-def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) -> TrainedBranch:
+def splice_trained(extracted: Extracted, contract: dict, inner: list, enclosing: ir.Graph) -> TrainedBranch:
     """Move a branch model encoded by ``encode_train`` back into its If (see the module docstring); the
-    If's own outputs are added by :func:`join_branches`, once every branch is back."""
+    If's own outputs are added by :func:`join_branches`, once every branch is back. ``inner``: the results
+    of the branch model's own If branches (theirs already joined to it: their state is the branch model's)."""
     graph = extracted.model.graph
     by_name = {v.name: v for v in graph.inputs}
     step = by_name[contract["step_input"]]
@@ -71,7 +78,7 @@ def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) ->
     for value in hoisted:
         enclosing.register_initializer(value)
         enclosing.inputs.append(value)
-    return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates)
+    return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates, inner)
 
 
 def _enclosing_weight(extracted: Extracted, value: ir.Value) -> bool:
@@ -111,7 +118,8 @@ def _merge(contract: dict, branch: TrainedBranch) -> None:
         contract.setdefault(key, []).extend(entries)
     contract.setdefault("branches", []).append({"if": branch.node.name, "branch": branch.attribute,
                                                 "outputs": len(branch.node.outputs), "state": theirs["state"],
-                                                "parameters": theirs["parameters"], **part})
+                                                "parameters": theirs["parameters"], **part,
+                                                "branches": theirs.get("branches", [])})  # its own, nested
 
 
 def _return_state(graph: ir.Graph, node: ir.Node, branches: list[TrainedBranch]) -> None:

@@ -322,7 +322,7 @@ def test_a_state_output_behind_identities_is_placed_as_without_them():
 
 def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay_float():
     """The 16 kHz branch (the calibration data's rate) is quantized for training; the 8 kHz branch, which no
-    sample takes, stays float (as rewrite-eval leaves it), said by name; a branch with an If of its own too."""
+    sample takes, stays float (as rewrite-eval leaves it), said by name; so do the branches of an If in a branch."""
     result = qtool.rewrite_train(silero_like(), calibration_data=data())
     warning, = [w for w in result.warnings if "inside If/Loop/Scan bodies" in w]
     assert warning.startswith("2 layer op(s)")
@@ -336,8 +336,11 @@ def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay
     assert reasons == {"inside If 'by_rate' (else_branch): no calibration sample took this branch"}
     assert summary["counts"]["left_in_float"] == 2 and summary["counts"]["layers_quantized"] == 2
     assert "initial ranges calibrated in If branches" in result.format_text()
-    nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data())
-    assert any("it holds If branches of its own" in w for w in nested.warnings)
+    # nested: the inner branch the data takes is quantized for training too, the one it does not take said
+    nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data()).to_dict()
+    inner = [x["reason"] for x in nested["left_in_float"] if x["reason"].startswith("inside If 't_inner'")]
+    assert all(r.endswith("): no calibration sample took this branch") for r in inner)
+    assert nested["counts"]["layers_quantized"] == 3 - len(inner)  # the outer branch's Conv, the inner ones taken
     assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
 
 
