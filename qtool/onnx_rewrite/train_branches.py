@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from qtool.errors import QtoolError
+from qtool.model.names import NameScope
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite.branches import BRANCHES, Extracted, replace_if
 
@@ -60,14 +60,12 @@ def splice_trained(extracted: Extracted, contract: dict, inner: list, enclosing:
     owned = [v for v in graph.inputs if v.name not in extracted.inputs]  # the rest: enclosing tensors
     # the state moves to the enclosing graph; an enclosing weight trained as it is stays there (splice reads it)
     hoisted = [v for v in owned if v is not step and v is not range_update and not _enclosing_weight(extracted, v)]
-    names = tg.values_by_name(enclosing)
-    clash = next((v.name for v in hoisted if v.name in names), None)
-    if clash is not None:
-        raise QtoolError(f"the branch's training state '{clash}' has the name of a tensor of the enclosing graph")
     for value in owned:
         graph.inputs.remove(value)
         if value is step or value is range_update or value in hoisted:
             graph.initializers.pop(value.name, None)
+    stand_ins = {id(v) for v in graph.initializers.values() if id(v) in extracted.constants}
+    _rename_clashes([*hoisted, *_defined(graph, stand_ins)], contract, enclosing)
     updated = {u: s for s, u in contract["state"].items()}
     count = len(extracted.node.outputs)
     updates = []
@@ -79,6 +77,51 @@ def splice_trained(extracted: Extracted, contract: dict, inner: list, enclosing:
         enclosing.register_initializer(value)
         enclosing.inputs.append(value)
     return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates, inner)
+
+
+def _rename_clashes(values: list[ir.Value], contract: dict, enclosing: ir.Graph) -> None:
+    """The branch's ``values`` named as a tensor of the enclosing graph (at any depth: the sibling branch
+    quantizes the tensor they both read, and without data both are trained) take fresh names, in ``contract``
+    too (its own branches' records included); a state's update output is renamed with it. (The names
+    ``finish_branches`` would change, which the contract would then miss.)"""
+    taken = _names(enclosing)
+    used = taken | {v.name for v in values if v.name}
+    renamed: dict[str, str] = {}
+    for value in values:
+        if value.name in taken and value.name not in renamed:
+            renamed[value.name] = NameScope.fresh(value.name, used)
+            used.add(renamed[value.name])
+            if value.name in contract["state"]:
+                renamed[value.name + UPDATE_SUFFIX] = renamed[value.name] + UPDATE_SUFFIX
+    if not renamed:
+        return
+    for value in values:
+        value.name = renamed.get(value.name, value.name)
+    contract.update(_renamed(contract, renamed))
+
+
+def _names(graph: ir.Graph) -> set[str]:
+    """The tensor names of ``graph`` and of every graph nested in it."""
+    return {name for g in (graph, *graph.subgraphs()) for name in tg.values_by_name(g)}
+
+
+def _defined(graph: ir.Graph, skip: set[int]) -> list[ir.Value]:
+    """The values ``graph`` (and every graph nested in it) defines, but for those whose ``id`` is in ``skip``
+    (``graph``'s inputs stand for the enclosing graph's tensors)."""
+    values = [*graph.initializers.values(), *(v for node in graph.all_nodes() for v in node.outputs)]
+    values += [v for g in graph.subgraphs() for v in (*g.initializers.values(), *g.inputs)]
+    return [v for v in values if id(v) not in skip and v.name]
+
+
+def _renamed(obj, names: dict[str, str]):
+    """``obj`` (JSON: the contract) with every string (and dict key) in ``names`` replaced."""
+    if isinstance(obj, str):
+        return names.get(obj, obj)
+    if isinstance(obj, dict):
+        return {_renamed(k, names): _renamed(v, names) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_renamed(v, names) for v in obj]
+    return obj
 
 
 def _enclosing_weight(extracted: Extracted, value: ir.Value) -> bool:

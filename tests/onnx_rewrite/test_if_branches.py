@@ -344,6 +344,27 @@ def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay
     assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_rewrite_train_without_data_trains_every_branch_their_state_named_apart(nested, tmp_path):
+    """Without data every branch is quantized for training (TF's default ranges); sibling branches quantize
+    the tensor they both read ('x'): the second's state, and its tensors the enclosing graph names, take fresh
+    names, in the contract too, and rewrite-eval of the graph deploys every branch."""
+    from qtool.onnx_rewrite.train_graph import training_contract
+
+    q = tmp_path / "q.onnx"
+    result = qtool.rewrite_train(silero_like(17, constant_weights=True, nested=nested), str(q))
+    assert result.to_dict()["counts"]["layers_quantized"] == (6 if nested else 4) and not result.warnings
+    state = training_contract(str(q))["state"]
+    assert {"x/input_quant/min", "x/input_quant/min_1"} <= set(state)
+    assert state["x/input_quant/min_1"] == "x/input_quant/min_1:updated"
+    feeds = {**data(n=2), "qtool_step": np.array(0, np.int64)}
+    session = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"])
+    assert {o.name for o in session.get_outputs()} == {"y", *state.values()}
+    session.run(None, feeds)
+    deployed = qtool.rewrite_eval(str(q))
+    assert not deployed.left_in_float() and len(deployed.branches) == 2
+
+
 def proto_without_if() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 32])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
