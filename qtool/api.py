@@ -385,13 +385,9 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
         observed = cal.collect_ranges(prepared.planned, tensors, data, calibration, quant, progress,
                                       whole=prepared.whole_range_tensors())
         ranges = observed.ranges  # named as in the eval-folded copy the plan was made on
-    branches = _train_branches(prepared.model, quant, schedule, data, calibration, progress)
-    prepared.names.reserve_graph(prepared.model.graph)  # the branches' names (and state moved up) are taken
-    encoded = encode_train(prepared, schedule, ranges)
+    encoded, branches = _encode_train(prepared, schedule, ranges, data, calibration, progress)
+    branches = list(_every_branch(branches))
     trained = [b for b in branches if isinstance(b, TrainedBranch)]
-    if trained:
-        join_branches(prepared.model, trained, encoded.contract)
-        finish_branches(prepared.model.graph)
     files = _save(opened)
     ignored = list(data.ignored) if data is not None else []
     return TrainResult(prepared.model, files, quant, schedule, encoded.contract, prepared, encoded, observed, ignored,
@@ -399,10 +395,31 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
                        [f"inside If '{b.node.name}' ({b.attribute})" for b in trained])
 
 
+def _encode_train(prepared, schedule: TrainSchedule, ranges: dict, data: CalibrationData | None,
+                  calibration: CalibrationConfig, progress=None):
+    """``prepared`` encoded for training with its If branches (:func:`_train_branches`, their own If branches
+    in turn), their state joined to its graph: ``(encoding, branch results)``."""
+    branches = _train_branches(prepared.model, prepared.config, schedule, data, calibration, progress)
+    prepared.names.reserve_graph(prepared.model.graph)  # the names the branches brought (their state moved up)
+    encoded = encode_train(prepared, schedule, ranges)
+    trained = [b for b in branches if isinstance(b, TrainedBranch)]
+    if trained:
+        join_branches(prepared.model, trained, encoded.contract)
+        finish_branches(prepared.model.graph)
+    return encoded, branches
+
+
+def _every_branch(branches: list):
+    """``branches`` and, after each trained one, its own (at any depth)."""
+    for branch in branches:
+        yield branch
+        yield from _every_branch(getattr(branch, "inner", []))
+
+
 def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: CalibrationData | None,
                     calibration: CalibrationConfig, progress=None) -> list:
     """Every If branch of ``model``'s graph that holds a layer op, encoded for training as a model of its own
-    (``onnx_rewrite.train_branches``): calibrated on the samples that take it (none: it stays float, as
+    (``onnx_rewrite.train_branches``; its own If branches in turn, :func:`_encode_train`): calibrated on the samples that take it (none: it stays float, as
     ``rewrite-eval`` leaves it; no data at all: TensorFlow's default ranges), encoded by ``encode_train``,
     and moved back with its training state in the enclosing graph. Returns a :class:`TrainedBranch`, or a
     :class:`BranchResult` saying why it stays float, per branch. Before the enclosing graph's encoding (the
@@ -419,8 +436,8 @@ def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: C
             if done is None:
                 done = _train_branch(extracted, capture, data, config, calibration, schedule, progress)
         finally:
-            if isinstance(done, dict):
-                results.append(splice_trained(extracted, done, model.graph))
+            if isinstance(done, tuple):
+                results.append(splice_trained(extracted, *done, model.graph))
             else:
                 extracted.splice()
                 results.append(BranchResult(node.name, attr, layers, reason=done))
@@ -428,14 +445,13 @@ def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: C
 
 
 def _train_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig,
-                  schedule: TrainSchedule, progress) -> dict | str:
-    """A branch model's training encoding: its contract, or the reason it stays float."""
+                  schedule: TrainSchedule, progress) -> tuple[dict, list] | str:
+    """A branch model's training encoding: ``(its contract, its own If branches' results)``, or the reason it
+    stays float."""
     setup = _branch_setup(extracted, capture, data, config, calibration)
     if isinstance(setup, str):
         return setup
     config, feeds = setup
-    if if_branches(extracted.model.graph):
-        return "it holds If branches of its own (not rewritten for training)"
     prepared = prepare_train(extracted.model, config)
     if prepared.model is not extracted.model:
         return "its opset had to be raised"
@@ -443,7 +459,8 @@ def _train_branch(extracted, capture, data, config: QuantConfig, calibration: Ca
     if feeds is not None and prepared.tensors_to_calibrate():
         ranges = cal.collect_ranges(prepared.planned, prepared.tensors_to_calibrate(), feeds, calibration, config,
                                     progress, whole=prepared.whole_range_tensors()).ranges
-    return encode_train(prepared, schedule, ranges).contract
+    encoded, inner = _encode_train(prepared, schedule, ranges, feeds, calibration, progress)
+    return encoded.contract, inner
 
 
 def _branch_capture(model, found: list, data: CalibrationData | None):

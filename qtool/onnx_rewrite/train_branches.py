@@ -15,6 +15,11 @@ interface moves to the enclosing graph, where a training loop feeds and reads it
   trained graph) and gives each branch's trained ranges, named as ``rewrite-eval`` names a branch's
   ranges (``<If>:<branch>:<tensor>``).
 
+A branch model's own If branches are encoded first (``api._encode_train`` recurses) and joined to it:
+their state is then the branch model's, hoisted again by :func:`splice_trained`, through each enclosing
+If to the main graph; their ``branches`` records nest in the branch's (``strip_training_graph`` strips
+them in turn, their ranges named ``<If>:<branch>:<inner If>:<inner branch>:<tensor>``, as rewrite-eval's).
+
 Pure graph edits: nothing runs here.
 """
 
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from qtool.errors import QtoolError
+from qtool.model.names import NameScope
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite.branches import BRANCHES, Extracted, replace_if
 
@@ -41,11 +46,13 @@ class TrainedBranch:
     step: ir.Value  # placeholders: what the branch reads as the step and the range-update inputs
     range_update: ir.Value | None
     updates: list[tuple[str, ir.Value]] = field(default_factory=list)  # state name -> the body's updated value
+    inner: list = field(default_factory=list)  # its own If branches' results (TrainedBranch or BranchResult)
 
 
-def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) -> TrainedBranch:
+def splice_trained(extracted: Extracted, contract: dict, inner: list, enclosing: ir.Graph) -> TrainedBranch:
     """Move a branch model encoded by ``encode_train`` back into its If (see the module docstring); the
-    If's own outputs are added by :func:`join_branches`, once every branch is back."""
+    If's own outputs are added by :func:`join_branches`, once every branch is back. ``inner``: the results
+    of the branch model's own If branches (theirs already joined to it: their state is the branch model's)."""
     graph = extracted.model.graph
     by_name = {v.name: v for v in graph.inputs}
     step = by_name[contract["step_input"]]
@@ -57,11 +64,8 @@ def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) ->
         graph.inputs.remove(value)
         if value is step or value is range_update or value in hoisted:
             graph.initializers.pop(value.name, None)
-    contract = _scoped(contract, hoisted, graph.outputs, f"{extracted.node.name}/{extracted.attribute}/")
-    names = tg.values_by_name(enclosing)
-    clash = next((v.name for v in hoisted if v.name in names), None)
-    if clash is not None:
-        raise QtoolError(f"the branch's training state '{clash}' has the name of a tensor of the enclosing graph")
+    stand_ins = {id(v) for v in graph.initializers.values() if id(v) in extracted.constants}
+    _rename_clashes([*hoisted, *_defined(graph, stand_ins)], contract, enclosing)
     updated = {u: s for s, u in contract["state"].items()}
     count = len(extracted.node.outputs)
     updates = []
@@ -72,35 +76,52 @@ def splice_trained(extracted: Extracted, contract: dict, enclosing: ir.Graph) ->
     for value in hoisted:
         enclosing.register_initializer(value)
         enclosing.inputs.append(value)
-    return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates)
+    return TrainedBranch(extracted.node, extracted.attribute, contract, step, range_update, updates, inner)
 
 
-def _scoped(contract: dict, hoisted: list[ir.Value], outputs, prefix: str) -> dict:
-    """The branch's state (taken out of its graph) renamed under ``prefix`` (``<If>/<branch>/``), with its updated
-    ``outputs`` and in its contract: in the enclosing graph it sits beside the other branch's state and the
-    enclosing graph's own, which may quantize the same enclosing tensor (each would be
-    ``<tensor>/input_quant/min``)."""
-    renamed = {}
-    for value in hoisted:
-        renamed[value.name] = prefix + value.name
-        updated = contract["state"].get(value.name)
-        if updated is not None:
-            renamed[updated] = prefix + updated
-    for value in (*hoisted, *outputs):
-        if value.name in renamed:
-            value.name = renamed[value.name]
-            if value.const_value is not None:
-                value.const_value.name = value.name
-    return _renamed(contract, renamed)
+def _rename_clashes(values: list[ir.Value], contract: dict, enclosing: ir.Graph) -> None:
+    """The branch's ``values`` named as a tensor of the enclosing graph (at any depth: the sibling branch
+    quantizes the tensor they both read, and without data both are trained) take fresh names, in ``contract``
+    too (its own branches' records included); a state's update output is renamed with it. (The names
+    ``finish_branches`` would change, which the contract would then miss.)"""
+    taken = _names(enclosing)
+    used = taken | {v.name for v in values if v.name}
+    renamed: dict[str, str] = {}
+    for value in values:
+        if value.name in taken and value.name not in renamed:
+            renamed[value.name] = NameScope.fresh(value.name, used)
+            used.add(renamed[value.name])
+            if value.name in contract["state"]:
+                renamed[value.name + UPDATE_SUFFIX] = renamed[value.name] + UPDATE_SUFFIX
+    if not renamed:
+        return
+    for value in values:
+        value.name = renamed.get(value.name, value.name)
+    contract.update(_renamed(contract, renamed))
 
 
-def _renamed(item, names: dict[str, str]):
-    """``item`` (a contract: dicts, lists, strings) with every string in ``names`` replaced, keys too."""
-    if isinstance(item, dict):
-        return {names.get(k, k) if isinstance(k, str) else k: _renamed(v, names) for k, v in item.items()}
-    if isinstance(item, list):
-        return [_renamed(v, names) for v in item]
-    return names.get(item, item) if isinstance(item, str) else item
+def _names(graph: ir.Graph) -> set[str]:
+    """The tensor names of ``graph`` and of every graph nested in it."""
+    return {name for g in (graph, *graph.subgraphs()) for name in tg.values_by_name(g)}
+
+
+def _defined(graph: ir.Graph, skip: set[int]) -> list[ir.Value]:
+    """The values ``graph`` (and every graph nested in it) defines, but for those whose ``id`` is in ``skip``
+    (``graph``'s inputs stand for the enclosing graph's tensors)."""
+    values = [*graph.initializers.values(), *(v for node in graph.all_nodes() for v in node.outputs)]
+    values += [v for g in graph.subgraphs() for v in (*g.initializers.values(), *g.inputs)]
+    return [v for v in values if id(v) not in skip and v.name]
+
+
+def _renamed(obj, names: dict[str, str]):
+    """``obj`` (JSON: the contract) with every string (and dict key) in ``names`` replaced."""
+    if isinstance(obj, str):
+        return names.get(obj, obj)
+    if isinstance(obj, dict):
+        return {_renamed(k, names): _renamed(v, names) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_renamed(v, names) for v in obj]
+    return obj
 
 
 def _enclosing_weight(extracted: Extracted, value: ir.Value) -> bool:
@@ -140,7 +161,8 @@ def _merge(contract: dict, branch: TrainedBranch) -> None:
         contract.setdefault(key, []).extend(entries)
     contract.setdefault("branches", []).append({"if": branch.node.name, "branch": branch.attribute,
                                                 "outputs": len(branch.node.outputs), "state": theirs["state"],
-                                                "parameters": theirs["parameters"], **part})
+                                                "parameters": theirs["parameters"], **part,
+                                                "branches": theirs.get("branches", [])})  # its own, nested
 
 
 def _return_state(graph: ir.Graph, node: ir.Node, branches: list[TrainedBranch]) -> None:

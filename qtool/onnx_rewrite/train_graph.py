@@ -646,10 +646,7 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
         raise QtoolError(f"'{label}' has qtool::FakeQuant nodes but no 'qtool.training' metadata: "
                          "not a graph qtool wrote, or its metadata was removed")
     try:
-        contract = training_contract(model)
-        branches = _detach_branches(model, contract)
-        state = _strip(model, contract)
-        state.branch_ranges = _strip_branches(model, contract, branches) if branches else None
+        state = _strip_with_branches(model, training_contract(model))
         check_finite_parameters(model.graph, label)  # the trained statistics and weights
         return state
     except QtoolError as exc:
@@ -658,6 +655,14 @@ def strip_training_graph(model: ir.Model, label: str = "<model>") -> TrainedStat
         raise QtoolError(f"'{label}': {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise QtoolError(f"'{label}' is a qtool training graph whose contract does not match its graph ({exc!r})") from exc
+
+
+def _strip_with_branches(model: ir.Model, contract: dict) -> TrainedState:
+    """``_strip`` of the graph and, as models of their own, of the If branches it trains (theirs in turn)."""
+    branches = _detach_branches(model, contract)
+    state = _strip(model, contract)
+    state.branch_ranges = _strip_branches(model, contract, branches) if branches else None
+    return state
 
 
 BRANCH_KEYS = ("activation_quantizers", "weight_quantizers", "bias_quantizers", "batch_norms")  # an If branch's part
@@ -691,13 +696,15 @@ def _strip_branches(model: ir.Model, contract: dict, records: list[dict]) -> dic
     graph, ranges = model.graph, {}
     for record in records:
         extracted = extract_branch(_the_if(graph, record["if"]), record["branch"], model)
-        part = {**contract, **{k: record.get(k, []) for k in BRANCH_KEYS}, "state": {}, "parameters": []}
+        part = {**contract, **{k: record.get(k, []) for k in BRANCH_KEYS}, "state": {}, "parameters": [],
+                "branches": record.get("branches", [])}
         extracted.model.metadata_props[METADATA_KEY] = metadata_json(part)
         try:
-            trained = _strip(extracted.model, part)
+            trained = _strip_with_branches(extracted.model, part)
         finally:
             extracted.splice()
-        ranges.update({f"{record['if']}:{record['branch']}:{t}": r for t, r in trained.ranges.items()})
+        scope = f"{record['if']}:{record['branch']}:"
+        ranges.update({scope + t: r for t, r in {**trained.ranges, **(trained.branch_ranges or {})}.items()})
     owned = {contract.get("range_update_input")} | {s for r in records for s in r["state"]}
     for name in [n for n in graph.initializers if n in owned]:
         if not graph.initializers[name].uses():

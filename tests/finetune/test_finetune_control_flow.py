@@ -387,9 +387,7 @@ def test_an_if_branch_quantized_for_training_trains_and_deploys_as_trained(tmp_p
     q, tuned, deployed = tmp_path / "q.onnx", tmp_path / "t.onnx", tmp_path / "d.onnx"
     rewrite_train(_rate_if_model(), str(q), calibration_data=data)
     contract = training_contract(str(q))
-    # the branch's state is named under its If and branch in the enclosing graph (beside the other branch's)
-    scoped = "/decoder/If/then_branch/MatMul_2/act_quant"
-    assert "w16" in contract["parameters"] and f"{scoped}/min" in contract["state"]
+    assert "w16" in contract["parameters"] and "MatMul_2/act_quant/min" in contract["state"]
     model = onnx.load(str(q))
     for rate in (16000, 8000):
         feeds = {"x": data["x"], "sr": np.array(rate, np.int64), "qtool_step": np.array(0, np.int64)}
@@ -401,9 +399,47 @@ def test_an_if_branch_quantized_for_training_trains_and_deploys_as_trained(tmp_p
     finetune(str(q), data, str(tuned), FinetuneConfig(steps=4, batch_size=8, learning_rate=1e-2, keep_best=False))
     before, after = ({t.name: numpy_helper.to_array(t) for t in onnx.load(str(p)).graph.initializer} for p in (q, tuned))
     assert not np.array_equal(before["w16"], after["w16"])
-    assert before[f"{scoped}/max"] != after[f"{scoped}/max"]
+    assert before["MatMul_2/act_quant/max"] != after["MatMul_2/act_quant/max"]
     rewrite_eval(str(tuned), str(deployed))
     assert "QuantizeLinear" in _branch_ops(deployed)["then_branch"]
     assert "QuantizeLinear" not in _branch_ops(deployed)["else_branch"]
+    held = _ort(onnx.load(str(tuned)), {**data, "qtool_step": np.array(10**6, np.int64)})["y"]
+    np.testing.assert_array_equal(_ort(onnx.load(str(deployed)), data)["y"], held)
+
+
+def test_nested_if_branches_quantized_for_training_train_and_deploy_as_trained(tmp_path):
+    """Silero's default export: every layer in an If inside an If branch. rewrite-train quantizes the inner
+    branches the data takes too (their state hoisted through both Ifs to the graph, their records nested in
+    the outer branch's); the interpreter runs it as onnxruntime does; finetune trains the inner branch's weight
+    (a Constant node there: a parameter of the graph now) and ranges; rewrite-eval deploys it bit for bit."""
+    from onnx_rewrite.test_if_branches import data as silero_data
+    from onnx_rewrite.test_if_branches import silero_like
+
+    from qtool.api import rewrite_eval
+    from qtool.onnx_rewrite.train_graph import training_contract
+
+    data = silero_data()
+    q, tuned, deployed = tmp_path / "q.onnx", tmp_path / "t.onnx", tmp_path / "d.onnx"
+    result = rewrite_train(silero_like(17, constant_weights=True, nested=True), str(q), calibration_data=data)
+    assert not [w for w in result.warnings if "holds If branches of its own" in w]
+    (outer,) = training_contract(str(q))["branches"]
+    inner = outer["branches"][0]  # (the inner branches the data takes: the weights are random)
+    assert (outer["if"], outer["branch"], inner["if"]) == ("by_rate", "then_branch", "t_inner")
+    weight = inner["parameters"][0]
+    model = onnx.load(str(q))
+    feeds = {**silero_data(n=4), "qtool_step": np.array(0, np.int64)}
+    ours = Interpreter(model).run(feeds)
+    for name, want in _ort(model, feeds).items():  # the output and every state update, the inner ones included
+        np.testing.assert_allclose(np.asarray(ours[name]), want, rtol=1e-6, atol=1e-6, err_msg=name)
+    finetune(str(q), data, str(tuned), FinetuneConfig(steps=4, batch_size=8, learning_rate=1e-2, keep_best=False))
+    before, after = ({t.name: numpy_helper.to_array(t) for t in onnx.load(str(p)).graph.initializer} for p in (q, tuned))
+    assert not np.array_equal(before[weight], after[weight])
+    inner_max = inner["activation_quantizers"][0]["max"]
+    assert before[inner_max] != after[inner_max]
+    rewrite_eval(str(tuned), str(deployed))
+    (by_rate,) = [n for n in onnx.load(str(deployed)).graph.node if n.op_type == "If"]
+    then = next(a.g for a in by_rate.attribute if a.name == "then_branch")
+    inner_ops = {a.name: {n.op_type for n in a.g.node} for n in then.node if n.op_type == "If" for a in n.attribute}
+    assert "QuantizeLinear" in inner_ops[inner["branch"]]
     held = _ort(onnx.load(str(tuned)), {**data, "qtool_step": np.array(10**6, np.int64)})["y"]
     np.testing.assert_array_equal(_ort(onnx.load(str(deployed)), data)["y"], held)

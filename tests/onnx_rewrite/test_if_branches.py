@@ -322,7 +322,7 @@ def test_a_state_output_behind_identities_is_placed_as_without_them():
 
 def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay_float():
     """The 16 kHz branch (the calibration data's rate) is quantized for training; the 8 kHz branch, which no
-    sample takes, stays float (as rewrite-eval leaves it), said by name; a branch with an If of its own too."""
+    sample takes, stays float (as rewrite-eval leaves it), said by name; so do the branches of an If in a branch."""
     result = qtool.rewrite_train(silero_like(), calibration_data=data())
     warning, = [w for w in result.warnings if "inside If/Loop/Scan bodies" in w]
     assert warning.startswith("2 layer op(s)")
@@ -336,9 +336,33 @@ def test_rewrite_train_quantizes_the_branches_the_data_takes_and_says_which_stay
     assert reasons == {"inside If 'by_rate' (else_branch): no calibration sample took this branch"}
     assert summary["counts"]["left_in_float"] == 2 and summary["counts"]["layers_quantized"] == 2
     assert "initial ranges calibrated in If branches" in result.format_text()
-    nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data())
-    assert any("it holds If branches of its own" in w for w in nested.warnings)
+    # nested: the inner branch the data takes is quantized for training too, the one it does not take said
+    nested = qtool.rewrite_train(silero_like(nested=True), calibration_data=data()).to_dict()
+    inner = [x["reason"] for x in nested["left_in_float"] if x["reason"].startswith("inside If 't_inner'")]
+    assert all(r.endswith("): no calibration sample took this branch") for r in inner)
+    assert nested["counts"]["layers_quantized"] == 3 - len(inner)  # the outer branch's Conv, the inner ones taken
     assert not [w for w in qtool.rewrite_train(proto_without_if()).warnings if "If/Loop/Scan" in w]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_rewrite_train_without_data_trains_every_branch_their_state_named_apart(nested, tmp_path):
+    """Without data every branch is quantized for training (TF's default ranges); sibling branches quantize
+    the tensor they both read ('x'): the second's state, and its tensors the enclosing graph names, take fresh
+    names, in the contract too, and rewrite-eval of the graph deploys every branch."""
+    from qtool.onnx_rewrite.train_graph import training_contract
+
+    q = tmp_path / "q.onnx"
+    result = qtool.rewrite_train(silero_like(17, constant_weights=True, nested=nested), str(q))
+    assert result.to_dict()["counts"]["layers_quantized"] == (6 if nested else 4) and not result.warnings
+    state = training_contract(str(q))["state"]
+    assert {"x/input_quant/min", "x/input_quant/min_1"} <= set(state)
+    assert state["x/input_quant/min_1"] == "x/input_quant/min_1:updated"
+    feeds = {**data(n=2), "qtool_step": np.array(0, np.int64)}
+    session = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"])
+    assert {o.name for o in session.get_outputs()} == {"y", *state.values()}
+    session.run(None, feeds)
+    deployed = qtool.rewrite_eval(str(q))
+    assert not deployed.left_in_float() and len(deployed.branches) == 2
 
 
 def proto_without_if() -> onnx.ModelProto:
@@ -350,24 +374,20 @@ def proto_without_if() -> onnx.ModelProto:
 
 
 
-def test_branches_and_the_enclosing_graph_quantizing_one_tensor_train_side_by_side():
-    """Without data both branches are encoded for training, and both quantize the enclosing ``x`` they read: each
-    would name its state ``x/input_quant/min`` (refused: "the branch's training state ... has the name of a tensor
-    of the enclosing graph"). With a Conv of the enclosing graph on ``x`` too (openWakeWord's hey_jarvis: Gemms
-    beside an If), the enclosing encoding registered that name a second time (an internal ValueError). The
-    branches' state is named under its If and branch; the graph is valid and runs."""
+def test_a_branch_and_the_enclosing_graph_quantizing_one_tensor_train_side_by_side():
+    """openWakeWord's hey_jarvis: Gemms of the enclosing graph beside an If whose branch reads the same input.
+    The branches are encoded (and their state moved up) before the enclosing graph, whose own quantizer of
+    ``x`` then registered ``x/input_quant/min`` a second time (an internal ValueError). It takes a fresh name;
+    the graph is valid and runs."""
     model = silero_like()
     y2 = helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["N", 8, 32])
     model.graph.initializer.append(numpy_helper.from_array(_weights(8, 4, 3), "w_main"))
     model.graph.node.append(helper.make_node("Conv", ["x", "w_main"], ["y2"], pads=[1, 1], name="main_conv"))
     model.graph.output.append(y2)
-    for m in (silero_like(), model):
-        result = qtool.rewrite_train(m)
-        state = set(result.contract["state"])
-        assert {"by_rate/then_branch/x/input_quant/min", "by_rate/else_branch/x/input_quant/min"} <= state
-        assert result.counts()["layers_quantized"] == 4 + (m is model)
-        proto = ir.serde.serialize_model(result.model)
-        onnx.checker.check_model(proto, full_check=True)
-        feeds = {**data(4), "qtool_step": np.array(0, np.int64)}
-        assert np.isfinite(run(proto, feeds)).all()
-    assert "x/input_quant/min" in state  # the enclosing Conv's own
+    result = qtool.rewrite_train(model)
+    state = result.contract["state"]
+    assert len([name for name in state if name.startswith("x/input_quant/min")]) == 3  # each branch's, the graph's
+    assert result.counts()["layers_quantized"] == 5
+    proto = ir.serde.serialize_model(result.model)
+    onnx.checker.check_model(proto, full_check=True)
+    assert np.isfinite(run(proto, {**data(4), "qtool_step": np.array(0, np.int64)})).all()
