@@ -263,7 +263,7 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
     found = if_branches(model.graph)
     capture, why = _branch_capture(model, found, data)
     if why is not None:
-        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
+        return _all_float(found, why)
     types = inferred_types(model.graph) if found else {}
     results = []
     for node, attr in found:
@@ -426,15 +426,16 @@ def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: C
     branches read its tensors as the calibration session computes them)."""
     found = if_branches(model.graph)
     capture, why = _branch_capture(model, found, data)
+    if why is not None:
+        return _all_float(found, why)
     types = inferred_types(model.graph) if found else {}
     results = []
     for node, attr in found:
         layers = branch_layers(node, attr)
         extracted = extract_branch(node, attr, model, types)
-        done = why
+        done = None
         try:
-            if done is None:
-                done = _train_branch(extracted, capture, data, config, calibration, schedule, progress)
+            done = _train_branch(extracted, capture, data, config, calibration, schedule, progress)
         finally:
             if isinstance(done, tuple):
                 results.append(splice_trained(extracted, *done, model.graph))
@@ -473,6 +474,11 @@ def _branch_capture(model, found: list, data: CalibrationData | None):
         return BranchCapture(model, reads, [node.inputs[0] for node, _ in found]), None
     except QtoolError as exc:
         return None, str(exc)
+
+
+def _all_float(found: list, why: str) -> list[BranchResult]:
+    """Every branch ``found`` left float for ``why`` (no session could compute what they read)."""
+    return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
 
 
 def _branch_setup(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig):
