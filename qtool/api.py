@@ -260,25 +260,19 @@ def _rewrite_branches(model, config: QuantConfig, data: CalibrationData | None, 
     ``given``, named as a calibration names them), encoded (``encode``), and moved back; its own If
     branches in turn. ``encode=False``: only calibrated (``BranchResult.ranges``), for a ranges file.
     ``progress(done, total)`` after each batch of each branch's calibration pass."""
-    found = if_branches(model.graph)
-    capture, why = _branch_capture(model, found, data)
-    if why is not None:
-        return _all_float(found, why)
-    types = inferred_types(model.graph) if found else {}
-    results = []
-    for node, attr in found:
-        layers = branch_layers(node, attr)
-        extracted = extract_branch(node, attr, model, types)
+    def rewrite(extracted, layers, capture):
+        node, attr = extracted.node, extracted.attribute
         try:
             done = _rewrite_branch(extracted, capture, data, config, calibration, given, encode, progress)
-            results.append(BranchResult(node.name, attr, layers, reason=done) if isinstance(done, str) else
-                           BranchResult(node.name, attr, layers, *done))
+            return (BranchResult(node.name, attr, layers, reason=done) if isinstance(done, str) else
+                    BranchResult(node.name, attr, layers, *done))
         finally:
             extracted.splice()
             for domain, version in extracted.model.opset_imports.items():  # com.microsoft (DynamicQuantizeLSTM)
                 if domain:
                     model.opset_imports.setdefault(domain, version)
-    return results
+
+    return _each_branch(model, data, rewrite)
 
 
 def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig, given, encode,
@@ -424,25 +418,18 @@ def _train_branches(model, config: QuantConfig, schedule: TrainSchedule, data: C
     and moved back with its training state in the enclosing graph. Returns a :class:`TrainedBranch`, or a
     :class:`BranchResult` saying why it stays float, per branch. Before the enclosing graph's encoding (the
     branches read its tensors as the calibration session computes them)."""
-    found = if_branches(model.graph)
-    capture, why = _branch_capture(model, found, data)
-    if why is not None:
-        return _all_float(found, why)
-    types = inferred_types(model.graph) if found else {}
-    results = []
-    for node, attr in found:
-        layers = branch_layers(node, attr)
-        extracted = extract_branch(node, attr, model, types)
-        done = None
+    def train(extracted, layers, capture):
         try:
             done = _train_branch(extracted, capture, data, config, calibration, schedule, progress)
-        finally:
-            if isinstance(done, tuple):
-                results.append(splice_trained(extracted, *done, model.graph))
-            else:
-                extracted.splice()
-                results.append(BranchResult(node.name, attr, layers, reason=done))
-    return results
+        except BaseException:
+            extracted.splice()
+            raise
+        if isinstance(done, tuple):
+            return splice_trained(extracted, *done, model.graph)
+        extracted.splice()
+        return BranchResult(extracted.node.name, extracted.attribute, layers, reason=done)
+
+    return _each_branch(model, data, train)
 
 
 def _train_branch(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig,
@@ -476,9 +463,20 @@ def _branch_capture(model, found: list, data: CalibrationData | None):
         return None, str(exc)
 
 
-def _all_float(found: list, why: str) -> list[BranchResult]:
-    """Every branch ``found`` left float for ``why`` (no session could compute what they read)."""
-    return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
+def _each_branch(model, data: CalibrationData | None, handle) -> list:
+    """``handle(extracted, layers, capture)`` of every If branch of ``model``'s graph that holds a layer op, taken
+    out as a model of its own in turn (``handle`` puts it back), ``capture`` the session that computes what the
+    branches read on ``data``; when none can be built, every branch stays float with the reason, none taken out."""
+    found = if_branches(model.graph)
+    capture, why = _branch_capture(model, found, data)
+    if why is not None:
+        return [BranchResult(node.name, attr, branch_layers(node, attr), reason=why) for node, attr in found]
+    types = inferred_types(model.graph) if found else {}
+    results = []
+    for node, attr in found:
+        layers = branch_layers(node, attr)  # before the branch is taken out
+        results.append(handle(extract_branch(node, attr, model, types), layers, capture))
+    return results
 
 
 def _branch_setup(extracted, capture, data, config: QuantConfig, calibration: CalibrationConfig):
