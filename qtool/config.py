@@ -53,6 +53,10 @@ class QuantConfig:
     # the deployed model holds standard ONNX ops only (no com.microsoft DynamicQuantizeLSTM or Gelu), for
     # runtimes other than onnxruntime; deployment only: a training graph does not depend on it
     standard_ops: bool = False
+    # 4-bit weights stored packed as int4 (opset 21) instead of in int8: half the size, but onnxruntime
+    # has no integer kernel for int4 weights and runs those layers in float (2-3x slower than the float
+    # model on CPU, docs/rewrite-eval.md); deployment only, as ``standard_ops``
+    pack_int4: bool = False
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -64,6 +68,7 @@ class QuantConfig:
         object.__setattr__(self, "per_channel", bool(self.per_channel))
         object.__setattr__(self, "float_rnn", bool(self.float_rnn))
         object.__setattr__(self, "standard_ops", bool(self.standard_ops))
+        object.__setattr__(self, "pack_int4", bool(self.pack_int4))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
         if self.round_mode not in ROUND_MODES:
@@ -98,6 +103,7 @@ class QuantConfig:
             "float_rnn": self.float_rnn,
             "round_mode": self.round_mode,
             "standard_ops": self.standard_ops,
+            "pack_int4": self.pack_int4,
         }
 
 

@@ -20,6 +20,7 @@ from qtool.cli._common import (
     json_option,
     latency_option,
     output_option,
+    pack_int4_option,
     quant_config,
     quantization_options,
     round_mode_option,
@@ -112,6 +113,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @batch_size_option
 @quantization_options
 @standard_ops_option
+@pack_int4_option
 @round_mode_option
 @calibration_options(auto=True)
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,

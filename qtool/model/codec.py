@@ -17,10 +17,13 @@ The rules below hold for every encoding:
   grid ``[quant_min, 2**bits - 1]``; qtool stores that grid shifted by
   ``2**(bits-1)`` when the container is signed (int8 weights: ``q - 128``,
   zero point ``zp - 128``), unshifted for unsigned activations.
-- Containers: 8 bits -> int8/uint8; 16 -> int16/uint16 and 4-bit weights ->
-  int4 (opset 21); other widths, 4-bit activations included -> the 8- or
-  16-bit container with a Clip on the integer values (activations; stored
-  weights are in range by construction). 4-bit activations are not stored as
+- Containers: 8 bits -> int8/uint8; 16 -> int16/uint16; other widths -> the
+  8- or 16-bit container with a Clip on the integer values (activations;
+  stored weights are in range by construction). 4-bit weights are int4
+  (opset 21) only when asked (``QuantConfig.pack_int4``): onnxruntime 1.32
+  has no integer kernel for int4 weights, dequantizes them at every run and
+  runs the layer in float (the zoo's BERT 1.97x and MobileNetV3 2.71x float
+  latency, against 0.48x / 0.72x with the same codes in int8). 4-bit activations are not stored as
   (u)int4 because onnxruntime 1.31's QDQ fusion (QDQSelectorActionTransformer,
   ORT_ENABLE_EXTENDED and up) turns a Conv with (u)int4 activations and 8-bit
   weights into a QLinearConv, which has no 4-bit kernel: the session fails with
@@ -92,8 +95,8 @@ CONTAINER_RANGE = {
 }
 
 
-def storage(bits: int, *, signed: bool, narrow: bool, int4: bool = True) -> Storage:
-    """The container of a ``bits``-bit grid; ``int4=False`` keeps 4 bits in 8 (activations)."""
+def storage(bits: int, *, signed: bool, narrow: bool, int4: bool = False) -> Storage:
+    """The container of a ``bits``-bit grid; 4 bits in 8 unless ``int4`` (packed 4-bit weights)."""
     if bits == 4 and int4:
         dtype = ir.DataType.INT4 if signed else ir.DataType.UINT4
     elif bits <= 8:
@@ -134,7 +137,7 @@ class QParams:
     degenerate: int = 0  # channels whose range was [0, 0] (scale set to 1: all values 0)
 
 
-def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True) -> QParams:
+def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = False) -> QParams:
     """Scale and zero point of TF's nudged range ``[lo, hi]`` (already widened)."""
     store = storage(bits, signed=signed, narrow=narrow, int4=int4)
     nmin, nmax, scale, zp = nudged_range(lo, hi, num_bits=bits, narrow_range=narrow)
@@ -154,13 +157,13 @@ def qparams(lo, hi, *, bits: int, narrow: bool, signed: bool, int4: bool = True)
     return QParams(scale, stored_zp, store, (np.asarray(lo), np.asarray(hi)), (nmin, nmax), degenerate)
 
 
-def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None, int4: bool = True,
+def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None, int4: bool = False,
                   round_mode: str = "half_up"):
     """Range, codes and parameters of a weight tensor (last-value range, narrow grid), rounded as
     ``round_mode`` (``QuantConfig.round_mode``) asks: the training graph's weight FakeQuant bit for bit.
 
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
-    codes shifted into the signed container (``int4=False``: 4 bits in int8).
+    codes shifted into the signed container (4 bits in int8; packed int4 with ``int4``).
     """
     if axis is None:
         lo, hi = minmax(w)

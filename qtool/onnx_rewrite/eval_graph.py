@@ -121,7 +121,7 @@ def needed_opset(config: QuantConfig) -> int:
     need = 10
     if config.per_channel:
         need = 13
-    w = storage(config.weight_bits, signed=True, narrow=True)
+    w = storage(config.weight_bits, signed=True, narrow=True, int4=config.pack_int4)
     a = storage(config.activation_bits, signed=config.symmetric, narrow=False, int4=False)
     need = max(need, w.opset, a.opset)
     if a.needs_clip and a.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
@@ -202,7 +202,7 @@ class EvalEncoder:
             return
         cfg = self.config
         stored, params = weight_params(w, bits=cfg.weight_bits, symmetric=cfg.weights_symmetric, axis=point.axis,
-                                       round_mode=cfg.round_mode)
+                                       int4=cfg.pack_int4, round_mode=cfg.round_mode)
         base = self.names.prefix(point.name, ["DequantizeLinear"], ["quantized", "scale", "zero_point", "dequantized"])
         q_init = self.initializer(f"{base}/quantized", stored, params.storage.dtype)
         scale = self.initializer(f"{base}/scale", params.scale)

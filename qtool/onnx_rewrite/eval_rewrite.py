@@ -151,7 +151,8 @@ def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, l
             values[key] = given
         else:
             values[key] = want
-    return QuantConfig(**values, standard_ops=config.standard_ops), warnings  # (deployment only)
+    return (QuantConfig(**values, standard_ops=config.standard_ops, pack_int4=config.pack_int4),  # (deployment only)
+            warnings)
 
 
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:

@@ -54,7 +54,7 @@ def test_check_layer_names_the_reason():
 
 @pytest.mark.parametrize("bits, signed, dtype, clip", [
     (8, False, ir.DataType.UINT8, False), (8, True, ir.DataType.INT8, False),
-    (4, True, ir.DataType.INT4, False), (16, False, ir.DataType.UINT16, False),
+    (4, True, ir.DataType.INT8, True), (16, False, ir.DataType.UINT16, False),
     (3, False, ir.DataType.UINT8, True), (12, True, ir.DataType.INT16, True),
 ])
 def test_storage_containers(bits, signed, dtype, clip):
@@ -62,6 +62,12 @@ def test_storage_containers(bits, signed, dtype, clip):
     assert st.dtype == dtype and st.needs_clip == clip
     lo, hi = st.grid
     assert hi - lo == 2**bits - 1
+
+
+def test_packed_int4_storage_only_when_asked():
+    st = codec.storage(4, signed=True, narrow=False, int4=True)
+    assert st.dtype == ir.DataType.INT4 and not st.needs_clip and st.opset == 21
+    assert codec.storage(4, signed=True, narrow=True).opset < 21
 
 
 def test_activation_params_are_tf_nudged():

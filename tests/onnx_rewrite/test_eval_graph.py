@@ -172,23 +172,27 @@ def test_int32_bias_and_propagated_input_quantizer():
 
 
 @pytest.mark.parametrize(
-    "bits,w_type,a_type,clip,opset",
+    "bits,w_type,a_type,clip,opset,pack",
     [
-        (8, "INT8", "UINT8", None, 13),
-        (7, "INT8", "UINT8", "Clip", 13),
-        (2, "INT8", "UINT8", "Clip", 13),
-        (4, "INT4", "UINT8", "Clip", 21),  # 4-bit activations in uint8 + Clip (onnxruntime fusion, see ranges.py)
-        (12, "INT16", "UINT16", "Cast", 21),
-        (16, "INT16", "UINT16", None, 21),
+        (8, "INT8", "UINT8", None, 13, False),
+        (7, "INT8", "UINT8", "Clip", 13, False),
+        (2, "INT8", "UINT8", "Clip", 13, False),
+        # 4-bit weights in int8 (onnxruntime's integer kernels), packed int4 when asked; 4-bit activations in
+        # uint8 + Clip (onnxruntime fusion, see codec.py)
+        (4, "INT8", "UINT8", "Clip", 13, False),
+        (4, "INT4", "UINT8", "Clip", 21, True),
+        (12, "INT16", "UINT16", "Cast", 21, False),
+        (16, "INT16", "UINT16", None, 21, False),
     ],
 )
-def test_bit_widths_encodings(bits, w_type, a_type, clip, opset):
+def test_bit_widths_encodings(bits, w_type, a_type, clip, opset, pack):
     b = Builder(opset=11)
     x = b.input("x", ["N", 6])
     r = b.node("Relu", [b.gemm(x, 6, 5, name="L")], outputs=["r"])
     y = b.gemm(r, 5, 3, name="M")
     feeds = {"x": x_data(8, 6)}
-    result = rewrite_eval(b.proto([y]), calibration_data=feeds, quant=QuantConfig(weight_bits=bits, activation_bits=bits))
+    quant = QuantConfig(weight_bits=bits, activation_bits=bits, pack_int4=pack)
+    result = rewrite_eval(b.proto([y]), calibration_data=feeds, quant=quant)
     model = result.model
     assert model.opset_imports[""] == opset
     assert init(model, "L/weights_quant/quantized").dtype == ir.DataType[w_type].numpy()

@@ -13,6 +13,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 from model_builders import Builder, run, x_data
 
 import qtool
@@ -527,3 +528,28 @@ def test_a_layernorm_written_out_after_integer_convs_keeps_its_mean_float(opset,
     # no pair on the mean (the variance part fused; the mean's Sub and ReduceMean read a DequantizeLinear
     # copy each here, so onnxruntime does not fuse that part: on a float residual stream it fuses all)
     assert pooled == [] and ops["ReduceMean"] <= 1, (pooled, ops)
+
+
+def test_4_bit_weights_run_in_integer_kernels_unless_packed(tmp_path):
+    """4-bit weights (8-bit activations) sit in int8 and onnxruntime runs the layers in QLinearConv /
+    QLinearMatMul; ``pack_int4`` stores the same codes as int4 (opset 21), which onnxruntime has no
+    integer kernel for: every layer then runs in float on weights dequantized at run time (2-3x slower than
+    float on the zoo), with the same values as the graph written (no optimizations)."""
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    y = b.node("Relu", [conv_bn(b, x, 8, 16)])
+    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])])
+    y = b.matmul(b.node("Unsqueeze", [y, b.const(np.array([1]))]), 16, 4)  # torch's Linear on a 3-D input
+    proto = b.proto([y])
+    int8, _ = quantize(proto, feeds, weight_bits=4)
+    ops = optimized_ops(int8, tmp_path)
+    assert not FLOAT_LAYERS & set(ops) and ops["QLinearConv"] == 1 and ops["QLinearMatMul"] == 1, ops
+    stored = [numpy_helper.to_array(t) for t in int8.graph.initializer if t.name.endswith("weights_quant/quantized")]
+    assert len(stored) == 2 and all(s.dtype == np.int8 and np.abs(s).max() <= 7 for s in stored)
+    assert int8.opset_import[0].version == 17
+    packed, _ = quantize(proto, feeds, weight_bits=4, pack_int4=True)
+    assert {t.data_type for t in packed.graph.initializer if t.name.endswith("weights_quant/quantized")} == {
+        onnx.TensorProto.INT4}
+    assert FLOAT_LAYERS & set(optimized_ops(packed, tmp_path))
+    as_written = [run(m, feeds, optimize=False)[0] for m in (int8, packed)]
+    np.testing.assert_array_equal(as_written[0], as_written[1])
