@@ -57,6 +57,10 @@ class QuantConfig:
     # has no integer kernel for int4 weights and runs those layers in float (2-3x slower than the float
     # model on CPU, docs/rewrite-eval.md); deployment only, as ``standard_ops``
     pack_int4: bool = False
+    # activations stored as int8 (the unsigned grid shifted by 128: zero point 0 for symmetric ranges, as
+    # TensorRT and TFLite's int8 spec want) instead of uint8; onnxruntime's x86 kernels fuse uint8
+    # activations only and leave int8 Conv/MatMul in float (docs/rewrite-eval.md); deployment only
+    int8_activations: bool = False
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -69,6 +73,7 @@ class QuantConfig:
         object.__setattr__(self, "float_rnn", bool(self.float_rnn))
         object.__setattr__(self, "standard_ops", bool(self.standard_ops))
         object.__setattr__(self, "pack_int4", bool(self.pack_int4))
+        object.__setattr__(self, "int8_activations", bool(self.int8_activations))
         object.__setattr__(self, "scope", self.scope or None)
         object.__setattr__(self, "exclude", frozenset(self.exclude or ()))
         if self.round_mode not in ROUND_MODES:
@@ -104,6 +109,7 @@ class QuantConfig:
             "round_mode": self.round_mode,
             "standard_ops": self.standard_ops,
             "pack_int4": self.pack_int4,
+            "int8_activations": self.int8_activations,
         }
 
 

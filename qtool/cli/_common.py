@@ -115,6 +115,13 @@ pack_int4_option = click.option(
     "for int4 weights and runs those layers in float, 2-3x slower than the float model on CPU. By default 4-bit "
     "weights are stored in int8 and run in onnxruntime's integer kernels.",
 )
+int8_activations_option = click.option(
+    "--int8-activations",
+    is_flag=True,
+    help="Store activations as int8 (zero point 0 for --symmetric ranges: TensorRT, TFLite's int8 spec) instead "
+    "of uint8 on the same grid (a symmetric range: zero point 128). onnxruntime's x86 kernels leave many int8 "
+    "Conv/MatMul in float: slower than the float model.",
+)
 round_mode_option = click.option(
     "--round-mode",
     type=click.Choice(ROUND_MODES),
@@ -266,7 +273,8 @@ def quant_config(params: dict):
     return QuantConfig(params.pop("weight_bits"), params.pop("activation_bits"), params.pop("symmetric"),
                        params.pop("per_channel"), params.pop("scope"), params.pop("exclude"),
                        params.pop("symmetric_weights"), params.pop("float_rnn"), params.pop("round_mode", "half_up"),
-                       params.pop("standard_ops", False), params.pop("pack_int4", False))
+                       params.pop("standard_ops", False), params.pop("pack_int4", False),
+                       params.pop("int8_activations", False))
 
 
 def calibration_config(params: dict):

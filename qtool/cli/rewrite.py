@@ -17,6 +17,7 @@ from qtool.cli._common import (
     deprecated_alias,
     given,
     in_place_option,
+    int8_activations_option,
     json_option,
     latency_option,
     output_option,
@@ -114,6 +115,7 @@ def rewrite_train_cmd(ctx, model, **params):
 @quantization_options
 @standard_ops_option
 @pack_int4_option
+@int8_activations_option
 @round_mode_option
 @calibration_options(auto=True)
 @click.option("--ranges", "ranges_file", type=click.Path(dir_okay=False), default=None,

@@ -219,10 +219,11 @@ def dynamic_lstm_weight(w: np.ndarray, *, bits: int, symmetric: bool, per_channe
     return DynamicLstmWeight(stored, scale.astype(np.float32), zero_point, params)
 
 
-def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool) -> QParams:
-    """Parameters of an activation quantizer from an observed (or default) range."""
+def activation_params(lo: float, hi: float, *, bits: int, symmetric: bool, signed: bool = False) -> QParams:
+    """Parameters of an activation quantizer from an observed (or default) range, stored unsigned (a
+    symmetric range: zero point ``2**(bits-1)``) or ``signed`` (the same grid shifted)."""
     lo, hi = widen(np.float32(lo), np.float32(hi), bits=bits, narrow=False, symmetric=symmetric)
-    return qparams(lo, hi, bits=bits, narrow=False, signed=symmetric, int4=False)
+    return qparams(lo, hi, bits=bits, narrow=False, signed=signed, int4=False)
 
 
 # --- reading an existing Q/DQ encoding ----------------------------------------------------------

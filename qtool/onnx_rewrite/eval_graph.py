@@ -122,7 +122,7 @@ def needed_opset(config: QuantConfig) -> int:
     if config.per_channel:
         need = 13
     w = storage(config.weight_bits, signed=True, narrow=True, int4=config.pack_int4)
-    a = storage(config.activation_bits, signed=config.symmetric, narrow=False, int4=False)
+    a = storage(config.activation_bits, signed=config.int8_activations, narrow=False)
     need = max(need, w.opset, a.opset)
     if a.needs_clip and a.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
         need = max(need, 12)  # Clip on integer types
@@ -321,7 +321,7 @@ class EvalEncoder:
         onnxruntime runs QLinearAdd/QLinearMul (placement.integer)."""
         constant = node.inputs[index]
         c = constant_array(constant).astype(np.float32)
-        store = storage(self.config.activation_bits, signed=self.config.symmetric, narrow=False, int4=False)
+        store = storage(self.config.activation_bits, signed=self.config.int8_activations, narrow=False)
         value = np.float32(c.reshape(-1)[0])
         zero = 0 if value >= 0 or store.grid[0] < 0 else 1  # a negative constant on an unsigned grid: zp 1, code 0
         code = zero + (0 if value == 0 else 1 if value > 0 else -1)
@@ -401,7 +401,8 @@ class EvalEncoder:
     def encode_activation(self, point: ActivationPoint, resolved: tuple[tuple[float, float], str]) -> None:
         cfg = self.config
         (lo, hi), source = resolved
-        params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric)
+        params = activation_params(lo, hi, bits=cfg.activation_bits, symmetric=cfg.symmetric,
+                                   signed=cfg.int8_activations)
         store = params.storage
         base = self._qdq_prefix(point.name, store)
         shared = self.parameters.get(point.root().value.name) if point.source is not None else None

@@ -151,8 +151,8 @@ def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, l
             values[key] = given
         else:
             values[key] = want
-    return (QuantConfig(**values, standard_ops=config.standard_ops, pack_int4=config.pack_int4),  # (deployment only)
-            warnings)
+    deployment = {key: getattr(config, key) for key in ("standard_ops", "pack_int4", "int8_activations")}
+    return QuantConfig(**values, **deployment), warnings
 
 
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:

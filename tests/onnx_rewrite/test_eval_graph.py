@@ -114,11 +114,19 @@ def test_activation_scale_and_zero_point_are_tf_nudged():
         assert stored_zp.shape == () and init(model, f"{name}/scale").shape == ()
 
 
-def test_symmetric_activations_are_int8_with_zero_point_0():
+def test_symmetric_activations_are_uint8_at_128_or_int8_at_0_when_asked():
+    """A symmetric range's grid stored as onnxruntime's own tool stores it (uint8, zero point 128: its x86
+    kernels fuse uint8 activations), or as int8 with zero point 0 (TensorRT, TFLite) with
+    ``int8_activations``: the same values to the bit."""
     proto, feeds = layer_model("gemm1")
-    model = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=True)).model
-    zp = init(model, "L/act_quant/zero_point")
-    assert zp.dtype == np.int8 and zp == 0
+    models = [rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(symmetric=True, int8_activations=signed)).model
+              for signed in (False, True)]
+    zps = [init(m, "L/act_quant/zero_point") for m in models]
+    assert zps[0].dtype == np.uint8 and zps[0] == 128 and zps[1].dtype == np.int8 and zps[1] == 0
+    assert init(models[0], "L/act_quant/scale") == init(models[1], "L/act_quant/scale")
+    outs = [run(m, feeds, optimize=False) for m in models]
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_default_ranges_without_calibration():

@@ -67,12 +67,13 @@ def test_an_affine_block_after_hard_swish_runs_in_integers(w, b, shape, tmp_path
     assert np.max(np.abs(y - want)) <= 0.05 * np.max(np.abs(want))
 
 
-def test_symmetric_activations_read_the_constant_on_a_signed_grid(tmp_path):
-    model, feeds = lab_model(-0.6, 0.25, act="relu")  # (a HardSwish stays float on a signed grid)
-    quantized, _ = quantize(model, feeds, symmetric=True)
+@pytest.mark.parametrize("signed", [False, True])
+def test_symmetric_activations_read_the_constant_in_their_container(signed, tmp_path):
+    model, feeds = lab_model(-0.6, 0.25, act="relu")  # (a HardSwish stays float on a symmetric grid)
+    quantized, _ = quantize(model, feeds, symmetric=True, int8_activations=signed)
     inits = {t.name: numpy_helper.to_array(t) for t in quantized.graph.initializer}
     dqs = [n for n in quantized.graph.node if n.op_type == "DequantizeLinear" and "constant_quant" in n.name]
-    assert len(dqs) == 2 and all(inits[n.input[0]].dtype == np.int8 for n in dqs)
+    assert len(dqs) == 2 and all(inits[n.input[0]].dtype == (np.int8 if signed else np.uint8) for n in dqs)
     assert sorted(float(v) for v in _constant_dqs(quantized)) == [float(np.float32(-0.6)), 0.25]
 
 
