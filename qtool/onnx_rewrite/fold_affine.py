@@ -14,11 +14,13 @@ batch-norm fold). Exporters write this for a learnable affine block (PaddlePaddl
 one after every conv) and for a scale or shift they could not fold themselves; left in place, the
 eval graph would run it in float between a DequantizeLinear and a QuantizeLinear.
 
-The rule matches ``layer -> [Transpose] -> [Mul] -> [Add | Sub]`` where each intermediate tensor has no other
-consumer and is not a graph output, and reads it directly (not through a quantizer). Through a Transpose the
-channels are on the axis the permutation moves them to (a model converted from TensorFlow or Caffe computes its
-convs in NCHW between Transposes and adds their bias and batch norm in NHWC, ``[1, 1, 1, C]``: Open-NSFW); the
-Transpose stays, after the folded layer, and its output takes the name of the last folded node's output. A Conv without a bias gets
+The rule matches ``layer -> [Transpose] -> [Squeeze] -> [Mul] -> [Add | Sub]`` where each intermediate tensor has
+no other consumer and is not a graph output, and reads it directly (not through a quantizer). Through a Transpose
+and a Squeeze (of other axes than the channels) the channels are on the axis they move them to: a model converted
+from TensorFlow or Caffe computes its convs in NCHW between Transposes and adds their bias and batch norm in NHWC,
+``[1, 1, 1, C]`` (Open-NSFW), and madmom's converter takes the batch axis off first (``[T, F, C]``, its key CNN's
+batch norms ``Mul -> Add`` by ``[C]``). The Transpose and Squeeze stay, after the folded layer, and the last of them
+takes the name of the last folded node's output. A Conv without a bias gets
 one. After a MatMul (no bias input) only the ``Mul`` folds: the ``Add`` is its bias Add, which the
 placement rules already handle. A weight shared with other nodes is not modified: the folded layer
 gets its own copy. The folded layer's output takes the name of the last folded node's output, so
@@ -33,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from qtool.model.constants import constant_array, constant_source, not_constant_reason, remove_if_unused
+from qtool.model.constants import (constant_array, constant_source, not_constant_reason, remove_if_unused,
+                                   squeezed_axes)
 from qtool.model.graph import take_over
 from qtool.model.layers import check_layer, float_attr, layer_bias, output_channels, weight_is_quantized
 from qtool.model.names import NameScope, context_of
@@ -59,6 +62,9 @@ class AffineFold:
 class AffineReport:
     folded: list[AffineFold]
     skipped: list[LeftInFloat]
+
+
+MOVES = ("Transpose", "Squeeze")  # between the layer and its Mul/Add: they move the channel axis
 
 
 def _channel_axis(layer: ir.Node, rank: int) -> int:
@@ -127,41 +133,51 @@ class FoldAffine:
                     f"{layer.op_type} '{layer.name}' ({channels} channels)")
         return None
 
-    def _transposed_axis(self, layer: ir.Node, transpose: ir.Node | None) -> tuple[int, int] | str:
-        """The rank of the tensor the Mul/Add read and its channel axis (where ``transpose``, when there is one,
-        moves it), or the reason they are not known."""
+    def _moved_axis(self, layer: ir.Node, moves: list[ir.Node]) -> tuple[int, int] | str:
+        """The rank of the tensor the Mul/Add read and its channel axis (where the Transpose / Squeeze ``moves``
+        put them), or the reason they are not known."""
         rank = self._rank(layer, constant_array(layer.inputs[1]))
-        if transpose is None:
-            return rank, _channel_axis(layer, rank)
-        perm = transpose.attributes.get("perm")
-        perm = list(perm.as_ints()) if perm is not None else list(range(rank - 1, -1, -1))
-        if sorted(perm) != list(range(rank)):
-            return f"Transpose '{transpose.name}' has {len(perm)} axes, {layer.op_type} '{layer.name}' {rank}"
-        return rank, perm.index(_channel_axis(layer, rank))
+        axis = _channel_axis(layer, rank)
+        for node in moves:
+            if node.op_type == "Transpose":
+                perm = node.attributes.get("perm")
+                perm = list(perm.as_ints()) if perm is not None else list(range(rank - 1, -1, -1))
+                if sorted(perm) != list(range(rank)):
+                    return f"Transpose '{node.name}' has {len(perm)} axes, its input {rank}"
+                axis = perm.index(axis)
+                continue
+            gone = squeezed_axes(node)
+            gone = None if gone is None else {a % rank for a in gone}
+            if gone is None or axis in gone:
+                return f"Squeeze '{node.name}' may take the channel axis"
+            rank, axis = rank - len(gone), axis - sum(a < axis for a in gone)
+        return rank, axis
 
     def steps(self, match: Match) -> tuple[list[ir.Node], list[LeftInFloat]]:
-        """The Mul/Add/Sub nodes of ``match`` that fold (a prefix of the chain, after the Transpose the match
-        may start with), and why the others do not."""
-        layer, transpose = match.nodes["layer"], match.nodes.get("transpose")
+        """The Mul/Add/Sub nodes of ``match`` that fold (a prefix of the chain, after the Transpose / Squeeze the
+        match may start with, which come first in the list), and why the others do not."""
+        layer, moves = match.nodes["layer"], [match.nodes[k] for k in ("transpose", "squeeze") if k in match.nodes]
         chain = [match.nodes[k] for k in ("mul", "add") if k in match.nodes]
         if layer.op_type == "MatMul":
             chain = [n for n in chain if n.op_type == "Mul"]  # its Add is the MatMul's bias Add
         if (not chain or check_layer(layer) is not None or weight_is_quantized(layer.inputs[1])
-                or (transpose is not None and layer.op_type not in ("Conv", "ConvTranspose"))):
+                or (moves and layer.op_type not in ("Conv", "ConvTranspose"))):
             return [], []  # not a layer with a float constant weight (a MatMul of two tensors): nothing to fold into
         reason = self.check_layer(layer)
-        axis = self._transposed_axis(layer, transpose)
+        axis = self._moved_axis(layer, moves)
+        if moves and (reason is not None or isinstance(axis, str)):  # through a Transpose / Squeeze, only what
+            return [], []                                              # folds is this rule's business
         if reason is not None or isinstance(axis, str):
             return [], [LeftInFloat(chain[0].name, chain[0].op_type, reason or axis)]
-        folding: list[ir.Node] = [transpose] if transpose is not None else []
-        value = folding[0].outputs[0] if folding else layer.outputs[0]
+        folding: list[ir.Node] = list(moves)
+        value = folding[-1].outputs[0] if folding else layer.outputs[0]
         for node in chain:
             reason = self.check_step(layer, node, value, axis)
             if reason is not None:
                 break
             folding.append(node)
             value = node.outputs[0]
-        if folding and folding[-1] is transpose:  # through a Transpose, only what folds is this rule's business
+        if moves and folding[-1] is moves[-1]:
             return [], []
         return folding, [LeftInFloat(node.name, node.op_type, reason)] if reason is not None else []
 
@@ -169,10 +185,11 @@ class FoldAffine:
         """The folded weight and bias (None: the layer keeps having none) and the folded constants."""
         w = constant_array(layer.inputs[1])
         channels = output_channels(layer, w)
-        axis = self._transposed_axis(layer, folding[0] if folding[0].op_type == "Transpose" else None)
+        moves = [n for n in folding if n.op_type in MOVES]
+        axis = self._moved_axis(layer, moves)
         s, c = np.ones(channels), np.zeros(channels)
-        value, consts = folding[0].outputs[0] if folding[0].op_type == "Transpose" else layer.outputs[0], []
-        for node in (n for n in folding if n.op_type != "Transpose"):
+        value, consts = (moves[-1] if moves else layer).outputs[0], []
+        for node in (n for n in folding if n.op_type not in MOVES):
             const = other_input(node, value, self.view)
             consts.append(const)
             vec = channel_vector(constant_array(const), channels, *axis)
@@ -201,10 +218,11 @@ class FoldAffine:
             if op == "Gemm":
                 layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
 
-        # the layer's output (or the Transpose's after it) is what the last folded node computed
-        transpose = folding[0] if folding[0].op_type == "Transpose" else None
-        take_over(folding[-1].outputs[0], (transpose or layer).outputs[0])
-        folding = folding[1:] if transpose is not None else folding
+        # the layer's output (or the last Transpose / Squeeze's after it) is what the last folded node computed
+        moves = [n for n in folding if n.op_type in MOVES]
+        end = (moves[-1] if moves else layer).outputs[0]
+        take_over(folding[-1].outputs[0], end)
+        folding = folding[len(moves):]
         old_nodes: list[ir.Node] = list(folding)
         old_values: list[ir.Value] = []
         for v in (old_weight, old_bias, *consts):
@@ -214,8 +232,7 @@ class FoldAffine:
                 old_values.append(src.root)
         remove_if_unused(self.graph, old_nodes, old_values)
         names = {n.op_type: n.name for n in folding}
-        return AffineFold(layer.name, op, names.get("Mul"), names.get("Add", names.get("Sub")),
-                          (transpose or layer).outputs[0].name)
+        return AffineFold(layer.name, op, names.get("Mul"), names.get("Add", names.get("Sub")), end.name)
 
 
 def fold_affine(graph: ir.Graph, names: NameScope | None = None, exclude=frozenset()) -> AffineReport:

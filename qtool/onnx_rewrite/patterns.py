@@ -62,7 +62,7 @@ BN_FOLD = ChainPattern(
     ],
 )
 
-# layer -> [Transpose] -> [Mul] -> [Add | Sub], each by a constant (fold_affine; before batch-norm folding)
+# layer -> [Transpose] -> [Squeeze] -> [Mul] -> [Add | Sub], each by a constant (fold_affine; before batch-norm folding)
 def _shift_where(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
     """An Add of a constant, or a constant subtracted from the tensor (``x - c``)."""
     reason = with_constant_operand(node, value, view)
@@ -75,6 +75,7 @@ AFFINE_FOLD = ChainPattern(
     Step("layer", LAYER_OPS),
     [
         Step("transpose", ("Transpose",), optional=True, sole_consumer=True),
+        Step("squeeze", ("Squeeze",), optional=True, sole_consumer=True),
         Step("mul", ("Mul",), optional=True, sole_consumer=True, where=with_constant_operand),
         Step("add", ("Add", "Sub"), optional=True, sole_consumer=True, where=_shift_where),
     ],
