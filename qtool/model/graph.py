@@ -127,17 +127,16 @@ class GraphView:
 
 
 def remove_identities(graph: ir.Graph) -> int:
-    """Drop the ``Identity`` nodes of ``graph`` (not of its subgraphs), and the ``Cast`` nodes to the floating-point
-    type their input already has, as onnxruntime's first optimizers do: paddle2onnx writes an Identity after nearly every op
-    (``Add -> Identity -> Mul -> Identity -> Add``), which hid a conv's learnable affine block from the fold and
-    made every pattern over two ops miss; a Caffe ResNet carried through PyTorch (Open-NSFW) has a float-to-float
-    Cast on either side of nearly every op (309), which hid its bias and batch-norm arithmetic the same way.
-    The node's input takes its output's name (the tensors after it keep their names, and ranges);
+    """Drop the ``Identity`` nodes of ``graph`` (not of its subgraphs), as onnxruntime's first optimizer
+    does: paddle2onnx writes one after nearly every op (``Add -> Identity -> Mul -> Identity -> Add``),
+    which hid a conv's learnable affine block from the fold and made every pattern over two ops miss
+    (so did the float-to-float Casts of Open-NSFW, which ``same_type_casts_as_identities`` makes Identities).
+    The Identity's input takes its output's name (the tensors after it keep their names, and ranges);
     an input that cannot be renamed (a graph input, an initializer, a graph output) is read directly,
-    unless the node's output is a graph output too (the node stays). Returns how many went."""
+    unless the Identity's output is a graph output too (the node stays). Returns how many went."""
     removed = 0
-    for node in [n for n in graph if is_onnx(n, "Identity")] + _same_type_casts(graph):
-        if len(node.inputs) != 1 or node.inputs[0] is None:
+    for node in list(graph):
+        if not is_onnx(node, "Identity") or len(node.inputs) != 1 or node.inputs[0] is None:
             continue
         x, y = node.inputs[0], node.outputs[0]
         fixed = x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None
@@ -150,18 +149,3 @@ def remove_identities(graph: ir.Graph) -> int:
         graph.remove(node, safe=True)
         removed += 1
     return removed
-
-
-def _same_type_casts(graph: ir.Graph) -> list[ir.Node]:
-    """The ``Cast`` nodes of ``graph`` to a floating-point type their input already has (shape inference's type
-    where the model does not say; a Cast in integer shape arithmetic stays, as it was)."""
-    casts = [n for n in graph if is_onnx(n, "Cast") and n.inputs and n.inputs[0] is not None and "to" in n.attributes]
-    if not casts:
-        return []
-    inferred: dict[str, ir.DataType] = {}
-    if any(n.inputs[0].dtype is None for n in casts):
-        from qtool.model.opset import inferred_types
-
-        inferred = inferred_types(graph)
-    return [n for n in casts if ir.DataType(n.attributes["to"].as_int()).is_floating_point()
-            and (n.inputs[0].dtype or inferred.get(n.inputs[0].name)) == ir.DataType(n.attributes["to"].as_int())]

@@ -8,8 +8,11 @@ from model_builders import Builder, run, x_data
 from test_placement_integer import optimized_ops
 
 import qtool
+from qtool.api import simulate
+from qtool.simulate.config import SimulateConfig
 from qtool.data import input_specs, load_calibration_data
 from qtool.errors import QtoolError
+from qtool.model.float16 import same_type_casts_as_identities
 from qtool.model.graph import remove_identities
 from qtool.onnx_rewrite.fold_affine import fold_affine
 
@@ -49,7 +52,8 @@ def test_same_type_casts_go_and_the_nhwc_bias_and_batch_norm_fold_into_the_conv(
     exactly (up to float32 rounding), and every Transpose stays."""
     proto = open_nsfw_block()
     model = ir.serde.deserialize_model(proto)
-    assert remove_identities(model.graph) == 12  # every Cast: the model types none of their inputs
+    assert same_type_casts_as_identities(model.graph) == 12  # every Cast: the model types none of their inputs
+    assert remove_identities(model.graph) == 12
     report = fold_affine(model.graph)
     assert [(f.mul is not None, f.add is not None) for f in report.folded] == [(False, True), (False, True),
                                                                               (True, True)] * 2
@@ -75,6 +79,7 @@ def test_a_constant_minus_the_conv_output_is_not_folded_as_a_shift():
     """``c - y`` is not ``y + (-c)``: the bias Add before it folds, the Sub and what follows it stay."""
     proto = open_nsfw_block(subtract_from_constant=True)
     model = ir.serde.deserialize_model(proto)
+    same_type_casts_as_identities(model.graph)
     remove_identities(model.graph)
     report = fold_affine(model.graph)
     assert len(report.folded) == 2 and all(f.mul is None for f in report.folded)
@@ -88,7 +93,7 @@ def test_a_cast_to_another_type_stays():
     x = b.input("x", [1, 3])
     y = b.node("Cast", [b.node("Cast", [b.node("Cast", [x], to=1)], to=7)], to=1)  # float -> float -> int64 -> float
     model = b.ir([y])
-    assert remove_identities(model.graph) == 1
+    assert same_type_casts_as_identities(model.graph) == 1 and remove_identities(model.graph) == 1
     assert [n.attributes["to"].as_int() for n in model.graph] == [7, 1]
 
 
@@ -140,3 +145,18 @@ def test_whole_sequences_stacked_for_a_model_with_no_batch_axis_are_told_how_to_
         load_calibration_data({"input": x_data(16, 60, 10)}, specs)
     data = load_calibration_data({"input": x_data(16, 60, 10).reshape(960, 10)}, specs)
     assert [b["input"].shape for b in data.batches(60)] == [(60, 10)] * 16
+
+
+def test_simulate_compares_the_folded_weights_with_the_folded_float_ones(tmp_path):
+    """After the fold through the Transpose, ``simulate`` compared every int8 weight with the unfolded float one
+    (SQNR -24 dB on Open-NSFW): its float copy folds as the rewrite does now. (A conv output quantized before the
+    Transpose, where no float tensor holds the folded value, is not compared, with the reason: 106 tensors of
+    Open-NSFW, compared before against the float conv's output without its bias and batch norm, -24 dB.)"""
+    proto = open_nsfw_block()
+    x = x_data(16, 8, 8, 3)
+    quantized = tmp_path / "q.onnx"
+    qtool.rewrite_eval(proto, str(quantized), calibration_data={"input_0": x})
+    model = simulate(proto, {"input_0": x}, SimulateConfig(quantized=[str(quantized)])).models[0]
+    assert sorted(w.role for w in model.weights) == ["bias", "bias", "weight", "weight"]
+    assert all(w.error.sqnr_db > 30 for w in model.weights)
+    assert len(model.activations) == 6 and all(a.error.sqnr_db > 25 for a in model.activations)
