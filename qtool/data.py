@@ -479,7 +479,7 @@ def load_calibration_data(source, specs: list[InputSpec], _by_name: dict | None 
                 raise QtoolError(
                     f"calibration data for input '{spec.name}': expected {len(stored)} dimensions "
                     f"{spec.describe_stored()}, got shape {list(arr.shape)}"
-                    + ("" if spec.batch_axis else " (samples first)")
+                    + ("" if spec.batch_axis else " (samples first)") + _sequence_hint(spec, arr.shape)
                 )
             for axis, (want, got) in enumerate(zip(stored, arr.shape)):
                 if axis == 0:
@@ -539,6 +539,17 @@ def _load_folder(folder: str, specs: list[InputSpec]) -> CalibrationData:
     ignored = list(dict.fromkeys(name for part in parts for name in part.ignored))
     return CalibrationData({}, sum(p.num_samples for p in parts), parts[0].fixed_batch, ignored, folder, by_name,
                            parts)
+
+
+def _sequence_hint(spec: InputSpec, got: tuple) -> str:
+    """For samples that each fill the whole input (``[N, frames, bins]`` for ``[frames, bins]``): how to feed a
+    model with no batch axis, whose first axis qtool takes for the samples (madmom's TCN and key CNN)."""
+    if spec.batch_axis != 0 or not spec.shape or not _fits(spec.shape, tuple(got[1:])):
+        return ""
+    return (f"; each sample fills the whole input: if the model has no batch axis (its first axis, "
+            f"{spec.describe_shape()[1:].split(',')[0].rstrip(']')}, is a sequence), put the {got[0]} sequences one "
+            f"after another on that axis, shape {[got[0] * got[1], *got[2:]]}, and read them with --batch-size "
+            f"{got[1]} (one sequence a batch; sequences of one length)")
 
 
 def _fits(shape: tuple, got: tuple) -> bool:

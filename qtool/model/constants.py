@@ -162,6 +162,13 @@ def constant_array(value: ir.Value | None) -> np.ndarray | None:
     return contiguous(array)
 
 
+def squeezed_axes(node: ir.Node) -> list[int] | None:
+    """The axes a Squeeze / Unsqueeze names (None: not given, or not a constant)."""
+    if len(node.inputs) > 1 and node.inputs[1] is not None and constant_array(node.inputs[1]) is None:
+        return None
+    return _axes(node)
+
+
 def _axes(node: ir.Node) -> list[int] | None:
     """The ``axes`` of an Unsqueeze/Squeeze: an attribute up to opset 12, an input from 13."""
     if len(node.inputs) > 1 and node.inputs[1] is not None:

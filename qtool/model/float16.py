@@ -55,6 +55,26 @@ def _cast_as_float32(node: ir.Node, types: dict[str, ir.DataType]) -> None:
         node.attributes.pop("to")
 
 
+def same_type_casts_as_identities(graph: ir.Graph) -> int:
+    """Make the ``Cast`` nodes of ``graph`` (not of its subgraphs) to a floating-point type their input already has
+    Identities (shape inference's type where the model does not say; a Cast in integer shape arithmetic stays), as
+    onnxruntime's Cast elimination does; ``remove_identities`` then drops them. A Caffe ResNet carried through
+    PyTorch (Open-NSFW) has a float-to-float Cast on either side of nearly every op (309), which hid its bias and
+    batch-norm arithmetic from the affine fold. Returns how many."""
+    casts = [n for n in graph if n.domain in ("", "ai.onnx") and n.op_type == "Cast" and n.inputs
+             and n.inputs[0] is not None and "to" in n.attributes
+             and ir.DataType(n.attributes.get_int("to")).is_floating_point()]
+    types = inferred_types(graph) if any(n.inputs[0].dtype is None for n in casts) else {}
+    count = 0
+    for node in casts:
+        if (node.inputs[0].dtype or types.get(node.inputs[0].name)) == ir.DataType(node.attributes.get_int("to")):
+            node.op_type = "Identity"
+            node.attributes.pop("to")
+            node.attributes.pop("saturate", None)
+            count += 1
+    return count
+
+
 def _as_float32(value: ir.Value) -> bool:
     if value.dtype != FLOAT16 or value.const_value is None:
         return False

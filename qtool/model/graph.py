@@ -129,7 +129,8 @@ class GraphView:
 def remove_identities(graph: ir.Graph) -> int:
     """Drop the ``Identity`` nodes of ``graph`` (not of its subgraphs), as onnxruntime's first optimizer
     does: paddle2onnx writes one after nearly every op (``Add -> Identity -> Mul -> Identity -> Add``),
-    which hid a conv's learnable affine block from the fold and made every pattern over two ops miss.
+    which hid a conv's learnable affine block from the fold and made every pattern over two ops miss
+    (so did the float-to-float Casts of Open-NSFW, which ``same_type_casts_as_identities`` makes Identities).
     The Identity's input takes its output's name (the tensors after it keep their names, and ranges);
     an input that cannot be renamed (a graph input, an initializer, a graph output) is read directly,
     unless the Identity's output is a graph output too (the node stays). Returns how many went."""

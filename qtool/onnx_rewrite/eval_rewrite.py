@@ -20,7 +20,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
-from qtool.model.float16 import float16_as_float32
+from qtool.model.float16 import float16_as_float32, same_type_casts_as_identities
 from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
@@ -89,6 +89,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     graph = model.graph
     name_unnamed_nodes(graph)
     float16 = float16_as_float32(model)  # a float16 body with float32 edges: float32 again (its Casts Identities)
+    same_type_casts_as_identities(graph)  # Open-NSFW's float-to-float Casts, around nearly every op
     remove_identities(graph)  # paddle2onnx's, between every two ops
     prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
     check_exclude(graph, config.exclude, config.scope)

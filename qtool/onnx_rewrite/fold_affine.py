@@ -3,7 +3,8 @@ which has no such pass: docs/spec-changes.md; onnxruntime's float optimizer does
 ConvMulFusion and ConvAddFusion, which a QDQ model hides from it: the weight is a DequantizeLinear output).
 
 For ``y = (layer(x, w) + b) * s + c`` with ``s`` and ``c`` one value per output channel (a scalar,
-``[C, 1, 1]`` or ``[1, C, 1, 1]`` after a Conv; a scalar or ``[N]`` after a Gemm or MatMul)::
+``[C, 1, 1]`` or ``[1, C, 1, 1]`` after a Conv; a scalar or ``[N]`` after a Gemm or MatMul; ``x - c`` is
+``x + (-c)``)::
 
     w' = w * s                                # along the output-channel axis
     b' = b * s + c
@@ -13,8 +14,13 @@ batch-norm fold). Exporters write this for a learnable affine block (PaddlePaddl
 one after every conv) and for a scale or shift they could not fold themselves; left in place, the
 eval graph would run it in float between a DequantizeLinear and a QuantizeLinear.
 
-The rule matches ``layer -> [Mul] -> [Add]`` where each intermediate tensor has no other consumer and
-is not a graph output, and reads it directly (not through a quantizer). A Conv without a bias gets
+The rule matches ``layer -> [Transpose] -> [Squeeze] -> [Mul] -> [Add | Sub]`` where each intermediate tensor has
+no other consumer and is not a graph output, and reads it directly (not through a quantizer). Through a Transpose
+and a Squeeze (of other axes than the channels) the channels are on the axis they move them to: a model converted
+from TensorFlow or Caffe computes its convs in NCHW between Transposes and adds their bias and batch norm in NHWC,
+``[1, 1, 1, C]`` (Open-NSFW), and madmom's converter takes the batch axis off first (``[T, F, C]``, its key CNN's
+batch norms ``Mul -> Add`` by ``[C]``). The Transpose and Squeeze stay, after the folded layer, and the last of them
+takes the name of the last folded node's output. A Conv without a bias gets
 one. After a MatMul (no bias input) only the ``Mul`` folds: the ``Add`` is its bias Add, which the
 placement rules already handle. A weight shared with other nodes is not modified: the folded layer
 gets its own copy. The folded layer's output takes the name of the last folded node's output, so
@@ -29,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from qtool.model.constants import constant_array, constant_source, not_constant_reason, remove_if_unused
+from qtool.model.constants import (constant_array, constant_source, not_constant_reason, remove_if_unused,
+                                   squeezed_axes)
 from qtool.model.graph import take_over
 from qtool.model.layers import check_layer, float_attr, layer_bias, output_channels, weight_is_quantized
 from qtool.model.names import NameScope, context_of
@@ -57,6 +64,9 @@ class AffineReport:
     skipped: list[LeftInFloat]
 
 
+MOVES = ("Transpose", "Squeeze")  # between the layer and its Mul/Add: they move the channel axis
+
+
 def _channel_axis(layer: ir.Node, rank: int) -> int:
     return 1 if layer.op_type in ("Conv", "ConvTranspose") else rank - 1
 
@@ -70,7 +80,7 @@ def _bias_vector(layer: ir.Node, b: np.ndarray, channels: int) -> np.ndarray | N
 
 
 class FoldAffine:
-    """Rule: fold a per-channel constant ``Mul`` and/or ``Add`` into the layer before it."""
+    """Rule: fold a per-channel constant ``Mul`` and/or ``Add`` (``Sub``) into the layer before it."""
 
     name = "fold-affine"
     pattern = AFFINE_FOLD
@@ -101,9 +111,9 @@ class FoldAffine:
                 return f"the layer bias of shape {list(b.shape)} is not one value per output channel"
         return None
 
-    def check_step(self, layer: ir.Node, node: ir.Node, value: ir.Value) -> str | None:
-        """None when ``node`` (a Mul or Add reading ``value``) combines it with one constant per output
-        channel of ``layer``, else the reason it does not."""
+    def check_step(self, layer: ir.Node, node: ir.Node, value: ir.Value, axis: tuple[int, int]) -> str | None:
+        """None when ``node`` (a Mul, Add or Sub reading ``value``, of rank and channel axis ``axis``) combines it
+        with one constant per output channel of ``layer``, else the reason it does not."""
         if node.name in self.exclude:
             return "excluded (--exclude)"
         if value not in node.inputs:
@@ -117,52 +127,80 @@ class FoldAffine:
             return f"its constant is {c.dtype}, the weight {w.dtype}"
         if not np.all(np.isfinite(c)):
             return "its constant is not finite"
-        rank, channels = self._rank(layer, w), output_channels(layer, w)
-        if channel_vector(c, channels, rank, _channel_axis(layer, rank)) is None:
+        channels = output_channels(layer, w)
+        if channel_vector(c, channels, *axis) is None:
             return (f"its constant of shape {list(c.shape)} is not one value per output channel of "
                     f"{layer.op_type} '{layer.name}' ({channels} channels)")
         return None
 
+    def _moved_axis(self, layer: ir.Node, moves: list[ir.Node]) -> tuple[int, int] | str:
+        """The rank of the tensor the Mul/Add read and its channel axis (where the Transpose / Squeeze ``moves``
+        put them), or the reason they are not known."""
+        rank = self._rank(layer, constant_array(layer.inputs[1]))
+        axis = _channel_axis(layer, rank)
+        for node in moves:
+            if node.op_type == "Transpose":
+                perm = node.attributes.get("perm")
+                perm = list(perm.as_ints()) if perm is not None else list(range(rank - 1, -1, -1))
+                if sorted(perm) != list(range(rank)):
+                    return f"Transpose '{node.name}' has {len(perm)} axes, its input {rank}"
+                axis = perm.index(axis)
+                continue
+            gone = squeezed_axes(node)
+            gone = None if gone is None else {a % rank for a in gone}
+            if gone is None or axis in gone:
+                return f"Squeeze '{node.name}' may take the channel axis"
+            rank, axis = rank - len(gone), axis - sum(a < axis for a in gone)
+        return rank, axis
+
     def steps(self, match: Match) -> tuple[list[ir.Node], list[LeftInFloat]]:
-        """The Mul/Add nodes of ``match`` that fold (a prefix of the chain), and why the others do not."""
-        layer = match.nodes["layer"]
+        """The Mul/Add/Sub nodes of ``match`` that fold (a prefix of the chain, after the Transpose / Squeeze the
+        match may start with, which come first in the list), and why the others do not."""
+        layer, moves = match.nodes["layer"], [match.nodes[k] for k in ("transpose", "squeeze") if k in match.nodes]
         chain = [match.nodes[k] for k in ("mul", "add") if k in match.nodes]
         if layer.op_type == "MatMul":
             chain = [n for n in chain if n.op_type == "Mul"]  # its Add is the MatMul's bias Add
-        if not chain or check_layer(layer) is not None or weight_is_quantized(layer.inputs[1]):
+        if (not chain or check_layer(layer) is not None or weight_is_quantized(layer.inputs[1])
+                or (moves and layer.op_type not in ("Conv", "ConvTranspose"))):
             return [], []  # not a layer with a float constant weight (a MatMul of two tensors): nothing to fold into
         reason = self.check_layer(layer)
-        if reason is not None:
-            return [], [LeftInFloat(chain[0].name, chain[0].op_type, reason)]
-        folding: list[ir.Node] = []
-        value = layer.outputs[0]
+        axis = self._moved_axis(layer, moves)
+        if moves and (reason is not None or isinstance(axis, str)):  # through a Transpose / Squeeze, only what
+            return [], []                                              # folds is this rule's business
+        if reason is not None or isinstance(axis, str):
+            return [], [LeftInFloat(chain[0].name, chain[0].op_type, reason or axis)]
+        folding: list[ir.Node] = list(moves)
+        value = folding[-1].outputs[0] if folding else layer.outputs[0]
         for node in chain:
-            reason = self.check_step(layer, node, value)
+            reason = self.check_step(layer, node, value, axis)
             if reason is not None:
-                return folding, [LeftInFloat(node.name, node.op_type, reason)]
+                break
             folding.append(node)
             value = node.outputs[0]
-        return folding, []
+        if moves and folding[-1] is moves[-1]:
+            return [], []
+        return folding, [LeftInFloat(node.name, node.op_type, reason)] if reason is not None else []
 
     def folded(self, layer: ir.Node, folding: list[ir.Node]) -> tuple[np.ndarray, np.ndarray | None, list[ir.Value]]:
         """The folded weight and bias (None: the layer keeps having none) and the folded constants."""
         w = constant_array(layer.inputs[1])
-        rank, channels = self._rank(layer, w), output_channels(layer, w)
-        axis = _channel_axis(layer, rank)
+        channels = output_channels(layer, w)
+        moves = [n for n in folding if n.op_type in MOVES]
+        axis = self._moved_axis(layer, moves)
         s, c = np.ones(channels), np.zeros(channels)
-        value, consts = layer.outputs[0], []
-        for node in folding:
+        value, consts = (moves[-1] if moves else layer).outputs[0], []
+        for node in (n for n in folding if n.op_type not in MOVES):
             const = other_input(node, value, self.view)
             consts.append(const)
-            vec = channel_vector(constant_array(const), channels, rank, axis)
+            vec = channel_vector(constant_array(const), channels, *axis)
             if node.op_type == "Mul":
                 s, c = s * vec, c * vec
             else:
-                c = c + vec
+                c = c + vec if node.op_type == "Add" else c - vec
             value = node.outputs[0]
         old_bias = layer_bias(layer)
         b = None
-        if layer.op_type != "MatMul" and (old_bias is not None or any(n.op_type == "Add" for n in folding)):
+        if layer.op_type != "MatMul" and (old_bias is not None or any(n.op_type in ("Add", "Sub") for n in folding)):
             b = c if old_bias is None else _bias_vector(layer, constant_array(old_bias), channels) * s + c
             b = b.astype(w.dtype)
         return fold_weight(layer, w, s), b, consts
@@ -180,7 +218,11 @@ class FoldAffine:
             if op == "Gemm":
                 layer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
 
-        take_over(folding[-1].outputs[0], layer.outputs[0])  # the layer's output is what the last folded node computed
+        # the layer's output (or the last Transpose / Squeeze's after it) is what the last folded node computed
+        moves = [n for n in folding if n.op_type in MOVES]
+        end = (moves[-1] if moves else layer).outputs[0]
+        take_over(folding[-1].outputs[0], end)
+        folding = folding[len(moves):]
         old_nodes: list[ir.Node] = list(folding)
         old_values: list[ir.Value] = []
         for v in (old_weight, old_bias, *consts):
@@ -190,7 +232,7 @@ class FoldAffine:
                 old_values.append(src.root)
         remove_if_unused(self.graph, old_nodes, old_values)
         names = {n.op_type: n.name for n in folding}
-        return AffineFold(layer.name, op, names.get("Mul"), names.get("Add"), layer.outputs[0].name)
+        return AffineFold(layer.name, op, names.get("Mul"), names.get("Add", names.get("Sub")), end.name)
 
 
 def fold_affine(graph: ir.Graph, names: NameScope | None = None, exclude=frozenset()) -> AffineReport:

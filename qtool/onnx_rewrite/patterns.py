@@ -62,12 +62,22 @@ BN_FOLD = ChainPattern(
     ],
 )
 
-# layer -> [Mul] -> [Add], each by a constant (fold_affine; before batch-norm folding)
+# layer -> [Transpose] -> [Squeeze] -> [Mul] -> [Add | Sub], each by a constant (fold_affine; before batch-norm folding)
+def _shift_where(node: ir.Node, value: ir.Value, view: GraphView) -> str | None:
+    """An Add of a constant, or a constant subtracted from the tensor (``x - c``)."""
+    reason = with_constant_operand(node, value, view)
+    if reason is None and node.op_type == "Sub" and view.input(node, 0) is not value:
+        return "it subtracts the tensor from a constant"
+    return reason
+
+
 AFFINE_FOLD = ChainPattern(
     Step("layer", LAYER_OPS),
     [
+        Step("transpose", ("Transpose",), optional=True, sole_consumer=True),
+        Step("squeeze", ("Squeeze",), optional=True, sole_consumer=True),
         Step("mul", ("Mul",), optional=True, sole_consumer=True, where=with_constant_operand),
-        Step("add", ("Add",), optional=True, sole_consumer=True, where=with_constant_operand),
+        Step("add", ("Add", "Sub"), optional=True, sole_consumer=True, where=_shift_where),
     ],
 )
 

@@ -29,7 +29,7 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
                                 weight_rank)
-from qtool.model.float16 import float16_as_float32
+from qtool.model.float16 import float16_as_float32, same_type_casts_as_identities
 from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, context_of, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
@@ -121,6 +121,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     graph = model.graph
     name_unnamed_nodes(graph)
     float16 = float16_as_float32(model)  # as the eval graph: a float16 body trains in float32
+    same_type_casts_as_identities(graph)  # Open-NSFW's float-to-float Casts, around nearly every op
     remove_identities(graph)  # paddle2onnx's, between every two ops
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)

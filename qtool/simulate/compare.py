@@ -16,7 +16,8 @@ import onnx_ir as ir
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
-from qtool.model.float16 import float16_as_float32
+from qtool.model.float16 import float16_as_float32, same_type_casts_as_identities
+from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import fold_batch_norms
@@ -253,11 +254,13 @@ class FloatReference:
         """The float graph with the constant Mul/Add (``fold_affine``) and batch norms folded that ``q_graph``
         folded (None when it cannot be)."""
         exclude = g.kept_batch_norms(q_graph, self.model.graph)
-        kept = frozenset(n.name for n in q_graph if n.op_type in ("Mul", "Add"))  # a folded one is gone
+        kept = frozenset(n.name for n in q_graph if n.op_type in ("Mul", "Add", "Sub"))  # a folded one is gone
         key = (exclude, kept)
         if key not in self._folded:
             folded = self.model.clone()
             float16_as_float32(folded)  # as rewrite_eval: a float16 body's weights are float32 there
+            same_type_casts_as_identities(folded.graph)  # as rewrite_eval: nothing between a layer and its Mul/Add
+            remove_identities(folded.graph)
             try:
                 names = NameScope(folded.graph)
                 fold_affine(folded.graph, names, exclude=kept)

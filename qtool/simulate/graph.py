@@ -355,6 +355,24 @@ class FloatIndex:
             value = user.outputs[0]
         return folded if folded is not None else value
 
+    def folded_through_moves(self, value: ir.Value, moved: bool = False) -> bool:
+        """``value`` reaches, through Transpose / Squeeze (and same-type Casts and Identities) alone, an Add, Sub
+        or Mul the quantized model no longer has: the layer's output there holds the folded value in the layer's
+        layout, which no float tensor holds (Open-NSFW's NHWC bias and batch norm; ``moved``: ``value`` is a
+        Transpose's / Squeeze's already)."""
+        for _ in range(8):
+            uses = _uses(value)
+            if len(uses) != 1 or value.is_graph_output() or not uses[0][0].outputs:
+                return False
+            user = uses[0][0]
+            if _is(user, "Add", "Sub", "Mul"):
+                return moved and user.name not in self.q_nodes
+            if not _is(user, "Transpose", "Squeeze", "Cast", "Identity"):
+                return False
+            moved = moved or _is(user, "Transpose", "Squeeze")
+            value = user.outputs[0]
+        return False
+
     def counterpart(self, act: ActivationQuantizer, q_graph: ir.Graph) -> tuple[str | None, str]:
         """The float tensor ``act`` quantizes, and how it was found.
 
@@ -374,6 +392,9 @@ class FloatIndex:
             fp = self.nodes[p.name]
             index = list(p.outputs).index(v)
             if index < len(fp.outputs):
+                if self.folded_through_moves(fp.outputs[index], moved=_is(fp, "Transpose", "Squeeze")):
+                    return None, (f"the constant Add/Mul after node '{p.name}' were folded into the layer through "
+                                  "a Transpose / Squeeze (fold_affine): no float tensor holds this value")
                 fv = self.follow_folds(fp.outputs[index], v.name)
                 return fv.name, f"output of node '{p.name}'"
         if p is not None and _is(p, "Add") and p.name not in self.nodes and p.inputs and p.inputs[0] is not None:
