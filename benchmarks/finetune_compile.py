@@ -42,13 +42,18 @@ def _option(text: str):
     return name, parsed
 
 
-def measure(model: str, data: str, program: str, batch_size: int, options: dict, runs: int) -> dict:
+def measure(model: str, data: str, program: str, batch_size: int, options: dict, runs: int,
+            segment_nodes: int | None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from qtool.finetune import segmented
     from qtool.finetune import train as T
     from qtool.finetune.config import FinetuneConfig
+
+    if segment_nodes is not None:
+        segmented.SEGMENT_NODES = segment_nodes
 
     config = FinetuneConfig(steps=10, batch_size=batch_size).normalized()
     graph = T._open_graph(model, config, [])
@@ -62,6 +67,8 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
         fn = run.train_step
         hyper = T._schedule(1e-4, config.steps, 0, config.schedule)
         args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), hyper)
+        if not hasattr(fn, "lower"):  # the segmented step: its programs compile at the first call
+            return _measure_calls(fn, args, runs, len(segmented.split(graph.interp.nodes)))
     elif program == "teacher":
         fn = jax.jit(lambda feed, b: [forward(feed, {**b, **fixed}, step, False)[o] for o in outputs])
         args = (run.teacher_feed, batch)
@@ -89,6 +96,24 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
+def _measure_calls(fn, args, runs: int, segments: int) -> dict:
+    """A step that is not one program: the first call's process CPU (compiles and one run) and later calls'."""
+    import jax
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first_s, first_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    seconds = []
+    for _ in range(runs):
+        c0 = time.process_time()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.process_time() - c0)
+    run_cpu_s = statistics.median(seconds)
+    return {"program": "train", "segments": segments, "first_call_s": round(first_s, 1),
+            "compile_cpu_s": round(first_cpu_s - run_cpu_s, 1), "run_cpu_s": round(run_cpu_s, 4),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -97,16 +122,21 @@ def main() -> None:
     parser.add_argument("--programs", nargs="+", default=["train", "eval", "teacher"])
     parser.add_argument("--compiler-option", action="append", default=[], type=_option)
     parser.add_argument("--runs", type=int, default=3, help="calls of the compiled program timed (median)")
+    parser.add_argument("--segment-nodes", type=int, help="nodes per segment of the training step "
+                        "(qtool.finetune.segmented.SEGMENT_NODES; 0: one program)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: measure this program, print JSON
     args = parser.parse_args()
     options = dict(args.compiler_option)
     if args.one:
-        print(json.dumps(measure(args.model, args.data, args.one, args.batch_size, options, args.runs)))
+        print(json.dumps(measure(args.model, args.data, args.one, args.batch_size, options, args.runs,
+                                 args.segment_nodes)))
         return
     env = {**os.environ, "QTOOL_JAX_CACHE": "0"}
     for program in args.programs:
         cmd = [sys.executable, __file__, args.model, args.data, "--batch-size", str(args.batch_size),
                "--runs", str(args.runs), "--one", program]
+        if args.segment_nodes is not None:
+            cmd += ["--segment-nodes", str(args.segment_nodes)]
         for name, value in options.items():
             cmd += ["--compiler-option", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
