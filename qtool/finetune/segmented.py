@@ -68,23 +68,22 @@ class _Segment:
     inputs: list[str]  # traced values it reads (feeds or earlier segments' outputs)
     consts: dict  # the values it reads that are known on the host
     outputs: dict  # name -> ShapeDtypeStruct: the traced values it computes that are read after it
-    run: Callable  # jitted (traced inputs) -> outputs
     fwd: Callable | None = None  # jitted (differentiated inputs, the others) -> (diff outputs, vjp, other outputs)
     bwd: Callable | None = None  # jitted (vjp, {output: cotangent}) -> ({input: cotangent},)
-    diff_in: tuple = ()
+    diff_in: tuple = ()  # the float inputs computed from a trained feed (their cotangents are the backward's)
     diff_out: tuple = ()
 
 
 class SegmentedGraph:
     """The graph as a chain of jitted segments. ``options``: the interpreter context's (``fake_quant``,
     ``range_grad``, ``no_grad``, ``trainable``); ``wanted``: the values the caller reads; ``diff_from``: the feeds
-    gradients are taken for (empty: forward only)."""
+    gradients are taken for."""
 
     def __init__(self, interp: Interpreter, chunks: list[list[Node]], options: dict, wanted: list[str],
-                 diff_from: frozenset = frozenset()):
+                 diff_from: frozenset):
         self.interp, self.chunks, self.options, self.wanted = interp, chunks, options, list(wanted)
         self.diff_from = diff_from
-        self.differentiable = interp.reaching(diff_from) if diff_from else frozenset()
+        self.differentiable = interp.reaching(diff_from)
         after = [set(self.wanted)]
         for chunk in reversed(chunks[1:]):
             after.append(after[-1] | set().union(*(_reads(n) for n in chunk)))
@@ -94,16 +93,18 @@ class SegmentedGraph:
     def _context(self):
         return self.interp.context(**self.options)
 
-    def plan(self, feeds: dict) -> list[_Segment]:
-        """The segments for these feeds' shapes (traced feeds: jax arrays; host constants: numpy arrays)."""
+    def plan(self, feeds: dict) -> tuple[list[_Segment], dict]:
+        """The segments for these feeds' shapes (traced feeds: jax arrays; host constants: numpy arrays), and the
+        wanted values known on the host."""
         traced = {n: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for n, v in feeds.items()
                   if not isinstance(v, np.ndarray)}
         key = tuple(sorted((n, a.shape, str(a.dtype)) for n, a in traced.items()))
         if key not in self.plans:
             known = {n: v for n, v in self.interp.initializers.items() if n not in traced}
             known.update((n, v) for n, v in feeds.items() if n not in traced)
-            self.plans[key] = [self._segment(chunk, read_after, known, traced)
-                               for chunk, read_after in zip(self.chunks, self.read_after)]
+            segments = [self._segment(chunk, read_after, known, traced)
+                        for chunk, read_after in zip(self.chunks, self.read_after)]
+            self.plans[key] = segments, {n: known[n] for n in self.wanted if n in known}
         return self.plans[key]
 
     def _segment(self, chunk: list[Node], read_after: set, known: dict, avals: dict) -> _Segment:
@@ -134,9 +135,8 @@ class SegmentedGraph:
             self.interp.run_nodes(chunk, env, self._context())
             return {n: env[n] for n in outputs}
 
-        segment = _Segment(inputs, consts, outputs, jax.jit(run))
-        if self.diff_from:
-            self._differentiate(segment, run, avals)
+        segment = _Segment(inputs, consts, outputs)
+        self._differentiate(segment, run, avals)
         return segment
 
     def _differentiate(self, segment: _Segment, run: Callable, avals: dict) -> None:
@@ -157,18 +157,11 @@ class SegmentedGraph:
 
         segment.fwd, segment.bwd = jax.jit(fwd), jax.jit(bwd)
 
-    def forward(self, feeds: dict) -> dict:
-        """Every wanted value (forward only)."""
-        values = dict(feeds)
-        for segment in self.plan(feeds):
-            values.update(segment.run({n: values[n] for n in segment.inputs}))
-        return {n: values[n] for n in self.wanted}
-
     def forward_vjp(self, feeds: dict) -> tuple[dict, Callable]:
         """Every wanted value, and the backward: ``{wanted value: cotangent}`` -> ``{diff_from feed: gradient}``
         (zeros for a feed no value depends on)."""
-        values = dict(feeds)
-        segments, vjps = self.plan(feeds), []
+        segments, constants = self.plan(feeds)
+        values, vjps = {**constants, **feeds}, []
         for segment in segments:
             diff = {n: values[n] for n in segment.diff_in}
             rest = {n: values[n] for n in segment.inputs if n not in diff}

@@ -441,15 +441,21 @@ class _Run:
 def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int, fixed: dict) -> _Run:
     params0, state0, teacher_feed = _initial_values(graph)
     forward = _forward_fn(graph)
-    # Adam's direction, scaled by the schedule at the global step (a traced argument: a resumed run
-    # compiles to the same program, so JAX's compilation cache serves it)
-    # a step whose gradients are not finite is skipped (optax.apply_if_finite: no update, Adam's moments
-    # kept) rather than poisoning every parameter; MAX_SKIPPED in a row and the update goes through (the
-    # loss then stops the run with its message)
-    optimizer = optax.apply_if_finite(optax.scale_by_adam(), max_consecutive_errors=MAX_SKIPPED)
+    optimizer = _optimizer()
     opt_state = optimizer.init(params0)
     train_step = _train_step_fn(forward, graph.roles, config, optimizer, fixed, frozenset(params0))
     return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, opt_state, train_step)
+
+
+def _optimizer():
+    """Adam's direction (the update scales it by the schedule at the global step: a traced argument, so a resumed
+    run compiles to the same program and JAX's compilation cache serves it). A step whose gradients are not
+    finite is skipped (optax.apply_if_finite: no update, Adam's moments kept) rather than poisoning every
+    parameter; MAX_SKIPPED in a row and the update goes through (the loss then stops the run with its message).
+    Over the parameters raveled into one vector (optax.flatten): per tensor, the finiteness check and Adam were
+    kernels of their own for every weight and range (PP-OCRv6 tiny's step: 18% fewer StableHLO ops, 15% less
+    compile CPU; the same arithmetic per element)."""
+    return optax.flatten(optax.apply_if_finite(optax.scale_by_adam(), max_consecutive_errors=MAX_SKIPPED))
 
 
 def _initial_values(graph: _Graph) -> tuple[dict, dict, dict]:
