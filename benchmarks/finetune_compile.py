@@ -7,14 +7,18 @@ resident memory is that program's), with JAX's persistent compilation cache off:
 - ``eval``: the validation forward (quantized, ranges held);
 - ``teacher``: the float teacher's forward.
 
-Per program: seconds to trace and lower, wall and process CPU seconds of XLA's compile (all its threads), the
+Per program: seconds to trace and lower, wall and process CPU seconds of XLA's compile (all its threads) and of
+tracing, lowering and compiling together (``trace_compile_cpu_s``), the
 compiled program's CPU seconds per call (median of ``--runs``), StableHLO ops, optimized HLO instructions, kernels
 (fusions in the entry computation) and the process's peak resident memory. ``--compiler-option NAME=VALUE``
 (repeatable) passes XLA debug options to this compile (``xla_backend_optimization_level=0``,
-``xla_cpu_use_fusion_emitters=false``, ...)::
+``xla_cpu_use_fusion_emitters=false``, ...). A training step run in segments (a graph of more than
+``qtool.finetune.segmented.SEGMENT_NODES`` nodes; ``--segment-nodes N`` sets it, 0 for one program) is many
+programs: its ``trace_compile_cpu_s`` is the first call's process CPU less a later call's (tracing, the abstract
+pass over the segments, every segment's compile)::
 
     python benchmarks/finetune_compile.py model.qat.onnx calib.npz [--batch-size 8] [--programs train eval teacher]
-        [--compiler-option xla_cpu_use_fusion_emitters=false]
+        [--compiler-option xla_cpu_use_fusion_emitters=false] [--segment-nodes 1000]
 """
 
 from __future__ import annotations
@@ -42,13 +46,18 @@ def _option(text: str):
     return name, parsed
 
 
-def measure(model: str, data: str, program: str, batch_size: int, options: dict, runs: int) -> dict:
+def measure(model: str, data: str, program: str, batch_size: int, options: dict, runs: int,
+            segment_nodes: int | None) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from qtool.finetune import segmented
     from qtool.finetune import train as T
     from qtool.finetune.config import FinetuneConfig
+
+    if segment_nodes is not None:
+        segmented.SEGMENT_NODES = segment_nodes
 
     config = FinetuneConfig(steps=10, batch_size=batch_size).normalized()
     graph = T._open_graph(model, config, [])
@@ -62,15 +71,17 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
         fn = run.train_step
         hyper = T._schedule(1e-4, config.steps, 0, config.schedule)
         args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), hyper)
+        if not hasattr(fn, "lower"):  # the segmented step: its programs compile at the first call
+            return _measure_calls(fn, args, runs, len(segmented.split(graph.interp.nodes)))
     elif program == "teacher":
         fn = jax.jit(lambda feed, b: [forward(feed, {**b, **fixed}, step, False)[o] for o in outputs])
         args = (run.teacher_feed, batch)
     else:
         fn = jax.jit(lambda p, s, b: [forward({**s, **p}, {**b, **fixed}, step, True)[o] for o in outputs])
         args = (run.params0, run.state0, batch)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     lowered = fn.lower(*args)
-    lower_s = time.perf_counter() - t0
+    lower_s, lower_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     stablehlo = sum(1 for line in lowered.as_text().splitlines() if " = stablehlo." in line or " = chlo." in line)
     c0, t0 = time.process_time(), time.perf_counter()
     compiled = lowered.compile(options or None)
@@ -83,9 +94,28 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
     hlo = compiled.as_text()
     entry = next(c for c in re.split(r"\n(?=\S)", hlo) if c.startswith("ENTRY"))
     return {"program": program, "options": options, "lower_s": round(lower_s, 1), "compile_s": round(compile_s, 1),
-            "compile_cpu_s": round(compile_cpu_s, 1), "run_cpu_s": round(statistics.median(seconds), 4),
+            "compile_cpu_s": round(compile_cpu_s, 1), "trace_compile_cpu_s": round(lower_cpu_s + compile_cpu_s, 1),
+            "run_cpu_s": round(statistics.median(seconds), 4),
             "stablehlo_ops": stablehlo, "hlo_instructions": sum(1 for line in hlo.splitlines() if " = " in line),
             "kernels": len(re.findall(r"= \S+ fusion\(", entry)),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def _measure_calls(fn, args, runs: int, segments: int) -> dict:
+    """A step that is not one program: the first call's process CPU (compiles and one run) and later calls'."""
+    import jax
+
+    c0, t0 = time.process_time(), time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first_s, first_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    seconds = []
+    for _ in range(runs):
+        c0 = time.process_time()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.process_time() - c0)
+    run_cpu_s = statistics.median(seconds)
+    return {"program": "train", "segments": segments, "first_call_s": round(first_s, 1),
+            "trace_compile_cpu_s": round(first_cpu_s - run_cpu_s, 1), "run_cpu_s": round(run_cpu_s, 4),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
@@ -97,16 +127,21 @@ def main() -> None:
     parser.add_argument("--programs", nargs="+", default=["train", "eval", "teacher"])
     parser.add_argument("--compiler-option", action="append", default=[], type=_option)
     parser.add_argument("--runs", type=int, default=3, help="calls of the compiled program timed (median)")
+    parser.add_argument("--segment-nodes", type=int, help="nodes per segment of the training step "
+                        "(qtool.finetune.segmented.SEGMENT_NODES; 0: one program)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: measure this program, print JSON
     args = parser.parse_args()
     options = dict(args.compiler_option)
     if args.one:
-        print(json.dumps(measure(args.model, args.data, args.one, args.batch_size, options, args.runs)))
+        print(json.dumps(measure(args.model, args.data, args.one, args.batch_size, options, args.runs,
+                                 args.segment_nodes)))
         return
     env = {**os.environ, "QTOOL_JAX_CACHE": "0"}
     for program in args.programs:
         cmd = [sys.executable, __file__, args.model, args.data, "--batch-size", str(args.batch_size),
                "--runs", str(args.runs), "--one", program]
+        if args.segment_nodes is not None:
+            cmd += ["--segment-nodes", str(args.segment_nodes)]
         for name, value in options.items():
             cmd += ["--compiler-option", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)

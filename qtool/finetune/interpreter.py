@@ -1445,9 +1445,7 @@ class Interpreter:
         initializers not fed use their stored value. Returns ``{output name: array}``. The gradient
         stops at the values named in ``no_grad``. ``trainable``: the feeds a gradient is taken for (a
         while loop that reads them is refused: JAX cannot differentiate it in reverse mode)."""
-        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True), no_grad=no_grad,
-                      trained=lambda name: name in self.reaching(trainable))
-        ctx.run_body = lambda body, scope, values: self._run_body(body, scope, values, ctx)
+        ctx = self.context(fake_quant=fake_quant, range_grad=range_grad, no_grad=no_grad, trainable=trainable)
         env: dict[str, object] = {}
         for name, value in self.initializers.items():
             env[name] = value
@@ -1459,6 +1457,19 @@ class Interpreter:
         self._run_nodes(self.nodes, env, ctx, {})
         wanted = outputs if outputs is not None else self.output_names
         return {n: env[n] for n in wanted}
+
+    def context(self, *, fake_quant: bool = True, range_grad: Callable[[str], bool] | None = None,
+                no_grad: frozenset = frozenset(), trainable: frozenset = frozenset()) -> Context:
+        """The context :meth:`run` evaluates in (its arguments); :meth:`run_nodes` takes one."""
+        ctx = Context(fake_quant=fake_quant, range_grad=range_grad or (lambda name: True), no_grad=no_grad,
+                      trained=lambda name: name in self.reaching(trainable))
+        ctx.run_body = lambda body, scope, values: self._run_body(body, scope, values, ctx)
+        return ctx
+
+    def run_nodes(self, nodes: list[Node], env: dict, ctx: Context) -> None:
+        """Evaluate ``nodes`` (some of the graph's, in order) into ``env``, which holds every value they read
+        (``finetune``'s segmented step: qtool.finetune.segmented)."""
+        self._run_nodes(nodes, env, ctx, {})
 
     def _run_nodes(self, nodes: list[Node], env: dict, ctx: Context, attrs: dict) -> None:
         for node in nodes:
