@@ -217,15 +217,17 @@ def _same(a, b) -> bool:
 
 def check_attributes(node: Node, label: str) -> None:
     """Refuse an attribute no version of the op's schema defines (for an op without a schema: any the
-    implementation does not read), and one the implementation does not read (:func:`op`'s ``attrs``) with
-    another value than its default, which is what the implementation computes."""
+    implementation does not read), and one with another value than its default that the implementation does
+    not read (:func:`op`'s ``attrs``) or reads only at other opsets (Squeeze's ``axes`` from opset 13: an
+    input), where the default is what it computes. The version in effect is the newest up to the node's
+    opset, else the oldest (an op newer than the model's opset, as ONNX Runtime's optimizer writes them)."""
     read = ATTRS.get((node.domain, node.op_type), frozenset())
+    versions = _schemas(node.domain, node.op_type)
+    spec = next((s for s in versions if s.since_version <= node.opset), versions[-1] if versions else None)
     for name, value in node.attrs.items():
-        if isinstance(value, _Ref):
+        if isinstance(value, _Ref) or (name in read and (spec is None or name in spec.attributes)):
             continue
         known, default = attribute_default(node, name)
-        if name in read and (known or not _schemas(node.domain, node.op_type)):
-            continue
         where = f"{label}: node {node.label()}"
         if not known:
             raise QtoolError(f"{where}: '{name}' is not an attribute of {node.op_type}; qtool finetune cannot "

@@ -601,6 +601,7 @@ def test_resize_cubic_and_antialias():
      r"attribute spatial=0 is not supported"),
     ("Cast", {}, {"to": 1, "round_mode": "down"}, 24, r"attribute round_mode='down' is not supported"),
     ("Constant", {}, {"value_string": "a"}, 13, r"attribute value_string='a' is not supported .*only its absence"),
+    ("Squeeze", {}, {"axes": [1]}, 13, r"attribute axes=\[1\] is not supported .*only its absence"),  # an input
 ])
 def test_an_attribute_not_implemented_is_refused_naming_the_node(op_type, consts, attrs, opset, message):
     order = ([] if op_type == "Constant" else ["x"]) + list(consts)
