@@ -35,7 +35,7 @@ MAX_UNROLLED = 1024  # a loop whose body needs a carried value as a constant is 
 
 
 # --- If ------------------------------------------------------------------------------------------------------
-@op("If")
+@op("If", attrs=("then_branch", "else_branch"))
 def _if(ctx: Context, node: Node, inputs):
     scope, cond = ctx.scope, inputs[0]
     then_body, else_body = node.attr("then_branch"), node.attr("else_branch")
@@ -54,7 +54,8 @@ def _if(ctx: Context, node: Node, inputs):
 
 
 # --- Scan ------------------------------------------------------------------------------------------------------
-@op("Scan")
+@op("Scan", attrs=("body", "num_scan_inputs", "scan_input_axes", "scan_input_directions", "scan_output_axes",
+                    "scan_output_directions"))
 def _scan(ctx: Context, node: Node, inputs):
     if node.opset < 9:
         raise QtoolError(f"node {node.label()}: Scan of opset {node.opset} (a batch axis and sequence_lens) is "
@@ -100,7 +101,7 @@ class _DataCondition(Exception):
     """A Loop run as a plain scan met a condition computed from data (it then runs masked)."""
 
 
-@op("Loop")
+@op("Loop", attrs=("body",))
 def _loop(ctx: Context, node: Node, inputs):
     body: Body = node.attr("body")
     inputs = list(inputs) + [None] * (len(node.inputs) - len(inputs))

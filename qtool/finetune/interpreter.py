@@ -26,6 +26,7 @@ default without ``jax_enable_x64``); float64 is computed in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import ChainMap
 from collections.abc import Callable, Mapping
@@ -162,12 +163,17 @@ def _initializers(model, graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 # --- op registry ------------------------------------------------------------------------------------
 OpFn = Callable[["Context", Node, list], list]
 OPS: dict[tuple[str, str], OpFn] = {}
+ATTRS: dict[tuple[str, str], frozenset] = {}  # the attributes each implementation reads (none when not listed)
 
 
-def op(*names: str, domain: str = ""):
+def op(*names: str, domain: str = "", attrs: tuple = ()):
+    """Register an implementation of ``names``. ``attrs``: the attributes it reads, each for every value ONNX
+    allows (or refusing the values it does not implement with a clear error); any other attribute is refused
+    unless it holds its schema's default (:func:`check_attributes`)."""
     def register(fn: OpFn) -> OpFn:
         for n in names:
             OPS[(domain, n)] = fn
+            ATTRS[(domain, n)] = frozenset(attrs)
         return fn
 
     return register
@@ -175,6 +181,61 @@ def op(*names: str, domain: str = ""):
 
 def supported_ops() -> list[str]:
     return sorted(f"{d + '::' if d else ''}{n}" for d, n in OPS)
+
+
+@functools.cache
+def _all_schemas() -> dict:
+    index = {}
+    for s in sorted(onnx.defs.get_all_schemas_with_history(), key=lambda s: -s.since_version):
+        index.setdefault((s.domain, s.name), []).append(s)
+    return index
+
+
+def _schemas(domain: str, op_type: str) -> list:
+    """Every version of the op's ONNX schema, the newest first (none for qtool's own ops)."""
+    return _all_schemas().get(("" if domain == "ai.onnx" else domain, op_type), [])
+
+
+def attribute_default(node: Node, name: str):
+    """``(known, default)``: whether a version of the op's schema defines attribute ``name``, and its default
+    (``None``: it has none) in the newest version up to the node's opset that defines it, else in the newest
+    (ONNX Runtime's optimizer writes ``LayerNormalization`` with opset 17's ``stash_type`` into opset 14 models;
+    older exporters, ``BatchNormalization``'s ``training_mode=0`` or ``spatial=1`` where they are not defined)."""
+    defining = [s for s in _schemas(node.domain, node.op_type) if name in s.attributes]
+    if not defining:
+        return False, None
+    spec = next((s for s in defining if s.since_version <= node.opset), defining[0])
+    default = spec.attributes[name].default_value
+    return True, (_attr_value(default) if default.type else None)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)
+    return a == b
+
+
+def check_attributes(node: Node, label: str) -> None:
+    """Refuse an attribute no version of the op's schema defines (for an op without a schema: any the
+    implementation does not read), and one with another value than its default that the implementation does
+    not read (:func:`op`'s ``attrs``) or reads only at other opsets (Squeeze's ``axes`` from opset 13: an
+    input), where the default is what it computes. The version in effect is the newest up to the node's
+    opset, else the oldest (an op newer than the model's opset, as ONNX Runtime's optimizer writes them)."""
+    read = ATTRS.get((node.domain, node.op_type), frozenset())
+    versions = _schemas(node.domain, node.op_type)
+    spec = next((s for s in versions if s.since_version <= node.opset), versions[-1] if versions else None)
+    for name, value in node.attrs.items():
+        if isinstance(value, _Ref) or (name in read and (spec is None or name in spec.attributes)):
+            continue
+        known, default = attribute_default(node, name)
+        where = f"{label}: node {node.label()}"
+        if not known:
+            raise QtoolError(f"{where}: '{name}' is not an attribute of {node.op_type}; qtool finetune cannot "
+                             "train this model")
+        if default is None or not _same(default, value):
+            only = "its absence" if default is None else f"its default, {default!r},"
+            raise QtoolError(f"{where}: attribute {name}={value!r} is not supported by the JAX interpreter (only "
+                             f"{only} is); qtool finetune cannot train this model")
 
 
 @dataclass
@@ -354,7 +415,7 @@ def _pow(ctx, node, inputs):
     return [jnp.power(a, b)]
 
 
-@op("Mod")
+@op("Mod", attrs=("fmod",))
 def _mod(ctx, node, inputs):
     a, b = inputs
     xp = _xp(a, b)
@@ -397,7 +458,7 @@ def _relu(ctx, node, inputs):
     return [_result(xp.where(x < 0, xp.zeros_like(x), x))]
 
 
-@op("Clip")
+@op("Clip", attrs=("min", "max"))
 def _clip(ctx, node, inputs):
     x = inputs[0]
     if node.opset < 11:
@@ -416,7 +477,7 @@ def _clip(ctx, node, inputs):
     return [_result(y)]
 
 
-@op("LeakyRelu")
+@op("LeakyRelu", attrs=("alpha",))
 def _leaky(ctx, node, inputs):
     x = inputs[0]
     alpha = np.asarray(node.attr("alpha", 0.01), np.float32)
@@ -431,7 +492,7 @@ def _prelu(ctx, node, inputs):
     return [_result(xp.where(x >= 0, x, x * slope))]
 
 
-@op("Elu")
+@op("Elu", attrs=("alpha",))
 def _elu(ctx, node, inputs):
     x = inputs[0]
     alpha = np.asarray(node.attr("alpha", 1.0), np.float32)
@@ -439,7 +500,7 @@ def _elu(ctx, node, inputs):
     return [_result(xp.where(x >= 0, x, alpha * (xp.exp(xp.minimum(x, 0)) - 1)))]
 
 
-@op("Selu")
+@op("Selu", attrs=("alpha", "gamma"))
 def _selu(ctx, node, inputs):
     x = inputs[0]
     alpha = np.asarray(node.attr("alpha", 1.67326319217681884765625), np.float32)
@@ -462,7 +523,7 @@ def _softplus(ctx, node, inputs):
     return [jax.nn.softplus(x)]
 
 
-@op("HardSigmoid")
+@op("HardSigmoid", attrs=("alpha", "beta"))
 def _hard_sigmoid(ctx, node, inputs):
     x = inputs[0]
     alpha = np.asarray(node.attr("alpha", 0.2), np.float32)
@@ -479,7 +540,7 @@ def _hard_swish(ctx, node, inputs):
     return [_result(x * xp.maximum(0, xp.minimum(1, alpha * x + np.float32(0.5))).astype(x.dtype))]
 
 
-@op("Gelu")
+@op("Gelu", attrs=("approximate",))
 def _gelu(ctx, node, inputs):
     x = inputs[0]
     return [jax.nn.gelu(x, approximate=node.attr("approximate", "none") == "tanh")]
@@ -496,12 +557,12 @@ def _softmax_impl(fn, ctx, node, inputs):
     return [fn(jnp.asarray(x), axis=_axis(node.attr("axis", -1), rank))]
 
 
-@op("Softmax")
+@op("Softmax", attrs=("axis",))
 def _softmax(ctx, node, inputs):
     return _softmax_impl(jax.nn.softmax, ctx, node, inputs)
 
 
-@op("LogSoftmax")
+@op("LogSoftmax", attrs=("axis",))
 def _log_softmax(ctx, node, inputs):
     return _softmax_impl(jax.nn.log_softmax, ctx, node, inputs)
 
@@ -511,7 +572,7 @@ def _channel_shape(v, rank: int):
     return jnp.reshape(v, (1, -1) + (1,) * (rank - 2))
 
 
-@op("BatchNormalization")
+@op("BatchNormalization", attrs=("epsilon", "momentum", "training_mode"))
 def _batch_norm(ctx, node, inputs):
     x, scale, bias, mean, var = inputs[:5]
     eps = np.float32(node.attr("epsilon", 1e-5))
@@ -540,7 +601,7 @@ def _batch_norm(ctx, node, inputs):
     return outs
 
 
-@op("LayerNormalization")
+@op("LayerNormalization", attrs=("axis", "epsilon"))
 def _layer_norm(ctx, node, inputs):
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
@@ -561,7 +622,7 @@ def _layer_norm(ctx, node, inputs):
     return [y, mean, inv_std][: max(1, len(node.outputs))]
 
 
-@op("InstanceNormalization")
+@op("InstanceNormalization", attrs=("epsilon",))
 def _instance_norm(ctx, node, inputs):
     x, scale, bias = inputs
     rank = x.ndim
@@ -600,7 +661,7 @@ def _spatial_attrs(node: Node, n: int):
     return strides, dilations
 
 
-@op("Conv")
+@op("Conv", attrs=("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"))
 def _conv(ctx, node, inputs):
     x, w = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
     b = inputs[2] if len(inputs) > 2 else None
@@ -617,7 +678,8 @@ def _conv(ctx, node, inputs):
     return [y]
 
 
-@op("ConvTranspose")
+@op("ConvTranspose", attrs=("auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+                             "strides"))
 def _conv_transpose(ctx, node, inputs):
     x, w = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
     b = inputs[2] if len(inputs) > 2 else None
@@ -660,7 +722,7 @@ def _conv_transpose(ctx, node, inputs):
     return [y]
 
 
-@op("Gemm")
+@op("Gemm", attrs=("alpha", "beta", "transA", "transB"))
 def _gemm(ctx, node, inputs):
     a, b = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
     c = inputs[2] if len(inputs) > 2 else None
@@ -686,7 +748,7 @@ def _matmul(ctx, node, inputs):
     return [jnp.matmul(a, b, precision=HIGHEST)]
 
 
-@op("Einsum")
+@op("Einsum", attrs=("equation",))
 def _einsum(ctx, node, inputs):
     return [jnp.einsum(node.attr("equation"), *inputs, precision=HIGHEST)]
 
@@ -836,9 +898,10 @@ def _rnn(ctx, node, inputs):
     return [y, y_h, y_c] if kind == "LSTM" else [y, y_h]
 
 
-OPS[("", "LSTM")] = _rnn
-OPS[("", "GRU")] = _rnn
-OPS[("", "RNN")] = _rnn
+_RNN_ATTRS = ("activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "layout")
+op("LSTM", attrs=_RNN_ATTRS + ("input_forget",))(_rnn)
+op("GRU", attrs=_RNN_ATTRS + ("linear_before_reset",))(_rnn)
+op("RNN", attrs=_RNN_ATTRS)(_rnn)
 
 
 # --- pooling ------------------------------------------------------------------------------------------------
@@ -861,7 +924,7 @@ def _pool_geometry(node: Node, x):
     return kernel, strides, dilations, pads, extra
 
 
-@op("MaxPool")
+@op("MaxPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"))
 def _max_pool(ctx, node, inputs):
     if len(node.outputs) > 1 and node.outputs[1]:
         raise QtoolError(f"node {node.label()}: MaxPool's Indices output is not supported")
@@ -874,7 +937,7 @@ def _max_pool(ctx, node, inputs):
     return [y]
 
 
-@op("AveragePool")
+@op("AveragePool", attrs=("auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"))
 def _avg_pool(ctx, node, inputs):
     x = jnp.asarray(inputs[0])
     kernel, strides, dilations, pads, extra = _pool_geometry(node, x)
@@ -958,7 +1021,7 @@ def _reduce(kind: str):
 
 for _kind in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2",
               "ReduceL1", "ReduceLogSumExp"):
-    OPS[("", _kind)] = _reduce(_kind)
+    op(_kind, attrs=("axes", "keepdims", "noop_with_empty_axes"))(_reduce(_kind))
 
 
 def _arg(kind):
@@ -980,12 +1043,12 @@ def _arg(kind):
     return impl
 
 
-OPS[("", "ArgMax")] = _arg("max")
-OPS[("", "ArgMin")] = _arg("min")
+op("ArgMax", attrs=("axis", "keepdims", "select_last_index"))(_arg("max"))
+op("ArgMin", attrs=("axis", "keepdims", "select_last_index"))(_arg("min"))
 
 
 # --- shapes and data movement -------------------------------------------------------------------------------
-@op("Shape")
+@op("Shape", attrs=("start", "end"))
 def _shape(ctx, node, inputs):
     shape = np.asarray(inputs[0].shape, np.int64)
     start = node.attr("start", 0)
@@ -998,7 +1061,7 @@ def _size(ctx, node, inputs):
     return [np.asarray(int(np.prod(inputs[0].shape)), np.int64)]
 
 
-@op("Constant")
+@op("Constant", attrs=("value", "value_float", "value_floats", "value_int", "value_ints"))
 def _constant(ctx, node, inputs):
     for key, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
                        ("value_int", np.int64), ("value_ints", np.int64)):
@@ -1008,7 +1071,7 @@ def _constant(ctx, node, inputs):
     raise QtoolError(f"node {node.label()}: Constant without a supported value attribute")
 
 
-@op("ConstantOfShape")
+@op("ConstantOfShape", attrs=("value",))
 def _constant_of_shape(ctx, node, inputs):
     shape = [int(s) for s in _static(node, inputs[0], "shape input").reshape(-1)]
     value = node.attr("value")
@@ -1016,7 +1079,7 @@ def _constant_of_shape(ctx, node, inputs):
     return [np.full(shape, value.reshape(-1)[0], value.dtype)]
 
 
-@op("Reshape")
+@op("Reshape", attrs=("allowzero",))
 def _reshape(ctx, node, inputs):
     x = inputs[0]
     target = [int(s) for s in _static(node, inputs[1], "target shape").reshape(-1)]
@@ -1026,7 +1089,7 @@ def _reshape(ctx, node, inputs):
     return [_result(xp.reshape(x, target))]
 
 
-@op("Flatten")
+@op("Flatten", attrs=("axis",))
 def _flatten(ctx, node, inputs):
     x = inputs[0]
     axis = _axis(node.attr("axis", 1), x.ndim)
@@ -1034,7 +1097,7 @@ def _flatten(ctx, node, inputs):
     return [_result(_xp(x).reshape(x, (outer, -1)))] if x.size else [_result(_xp(x).reshape(x, (outer, 0)))]
 
 
-@op("Transpose")
+@op("Transpose", attrs=("perm",))
 def _transpose(ctx, node, inputs):
     x = inputs[0]
     perm = node.attr("perm")
@@ -1042,7 +1105,7 @@ def _transpose(ctx, node, inputs):
     return [_result(_xp(x).transpose(x, perm))]
 
 
-@op("Squeeze")
+@op("Squeeze", attrs=("axes",))
 def _squeeze(ctx, node, inputs):
     x = inputs[0]
     axes = _axes_of(node, inputs, 1) if node.opset >= 13 else node.attr("axes")
@@ -1052,7 +1115,7 @@ def _squeeze(ctx, node, inputs):
     return [_result(_xp(x).squeeze(x, axis=axes))]
 
 
-@op("Unsqueeze")
+@op("Unsqueeze", attrs=("axes",))
 def _unsqueeze(ctx, node, inputs):
     x = inputs[0]
     axes = _axes_of(node, inputs, 1) if node.opset >= 13 else node.attr("axes")
@@ -1079,7 +1142,7 @@ def _tile(ctx, node, inputs):
     return [_result(_xp(x).tile(x, reps))]
 
 
-@op("Trilu")
+@op("Trilu", attrs=("upper",))
 def _trilu(ctx, node, inputs):
     """The upper (``upper=1``, default) or lower triangle of the last two axes, from diagonal ``k``."""
     x = inputs[0]
@@ -1088,7 +1151,7 @@ def _trilu(ctx, node, inputs):
     return [_result(xp.triu(x, k) if int(node.attr("upper", 1)) else xp.tril(x, k))]
 
 
-@op("Cast")
+@op("Cast", attrs=("to", "saturate"))
 def _cast(ctx, node, inputs):
     x = inputs[0]
     dtype = _np_dtype(node, int(node.attr("to")))
@@ -1097,29 +1160,35 @@ def _cast(ctx, node, inputs):
     return [x.astype(_TRACED_DTYPES.get(dtype, dtype))]
 
 
-@op("CastLike")
+@op("CastLike", attrs=("saturate",))
 def _cast_like(ctx, node, inputs):
     x, like = inputs
     return [np.asarray(x).astype(like.dtype) if concrete(x) else x.astype(like.dtype)]
 
 
-@op("Dropout")
+@op("Dropout", attrs=("ratio", "seed"))
 def _dropout(ctx, node, inputs):
+    """The identity (inference); a ``training_mode`` input that is not the constant false (random dropout) is
+    refused."""
     x = inputs[0]
+    training = inputs[2] if len(inputs) > 2 else None
+    if training is not None and (not concrete(training) or bool(np.asarray(training).reshape(-1)[0])):
+        raise QtoolError(f"node {node.label()}: Dropout in training mode (random) is not supported by the JAX "
+                         "interpreter; only its inference mode (the identity) is")
     outs = [x]
     if len(node.outputs) > 1 and node.outputs[1]:
         outs.append(np.ones(x.shape, np.bool_))
     return outs
 
 
-@op("Concat")
+@op("Concat", attrs=("axis",))
 def _concat(ctx, node, inputs):
     vals = [v for v in inputs if v is not None]
     axis = _axis(int(node.attr("axis")), vals[0].ndim)
     return [_result(_xp(*vals).concatenate(vals, axis=axis))]
 
 
-@op("Split")
+@op("Split", attrs=("axis", "split", "num_outputs"))
 def _split(ctx, node, inputs):
     x = inputs[0]
     axis = _axis(int(node.attr("axis", 0)), x.ndim)
@@ -1143,7 +1212,7 @@ def _split(ctx, node, inputs):
     return outs
 
 
-@op("Slice")
+@op("Slice", attrs=("starts", "ends", "axes"))
 def _slice(ctx, node, inputs):
     x = inputs[0]
     if node.opset < 10:
@@ -1176,7 +1245,7 @@ def _slice(ctx, node, inputs):
     return [_result(x[tuple(index)])]
 
 
-@op("Gather")
+@op("Gather", attrs=("axis",))
 def _gather(ctx, node, inputs):
     x, idx = inputs
     axis = _axis(int(node.attr("axis", 0)), x.ndim)
@@ -1190,7 +1259,7 @@ def _gather(ctx, node, inputs):
     return [jnp.take(jnp.asarray(x), idx, axis=axis)]
 
 
-@op("GatherElements")
+@op("GatherElements", attrs=("axis",))
 def _gather_elements(ctx, node, inputs):
     x, idx = inputs
     axis = _axis(int(node.attr("axis", 0)), x.ndim)
@@ -1198,7 +1267,7 @@ def _gather_elements(ctx, node, inputs):
     return [jnp.take_along_axis(jnp.asarray(x), idx, axis=axis)]
 
 
-@op("Pad")
+@op("Pad", attrs=("mode", "pads", "value"))
 def _pad(ctx, node, inputs):
     x = inputs[0]
     mode = node.attr("mode", "constant")
@@ -1238,10 +1307,10 @@ def _range(ctx, node, inputs):
     return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
 
 
-@op("TopK")
+@op("TopK", attrs=("axis", "k", "largest", "sorted"))
 def _topk(ctx, node, inputs):
     x = inputs[0]
-    k = int(_static(node, inputs[1], "k").reshape(-1)[0])
+    k = int(node.attr("k")) if node.opset < 10 else int(_static(node, inputs[1], "k").reshape(-1)[0])
     axis = _axis(int(node.attr("axis", -1)), x.ndim)
     largest = bool(node.attr("largest", 1))
     xt = jnp.moveaxis(jnp.asarray(x), axis, -1)
@@ -1284,7 +1353,46 @@ def _nearest(coords: np.ndarray, mode: str) -> np.ndarray:
     raise ValueError(mode)
 
 
-def _resize_impl(node: Node, x, scales, sizes, mode: str, coord_mode: str, nearest_mode: str):
+def cubic_near(v, a):
+    """Keys' cubic convolution kernel at distances ``0 <= v <= 1`` (ONNX's, with ``a`` = cubic_coeff_a)."""
+    return ((a + 2) * v - (a + 3)) * v * v + 1
+
+
+def cubic_far(v, a):
+    """Keys' cubic convolution kernel at distances ``1 <= v <= 2``."""
+    return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+
+def _resize_weights(node: Node, coords: np.ndarray, n_in: int, scale: float, antialias: bool) -> np.ndarray:
+    """Resize ``linear`` or ``cubic`` along one axis as an [n_out, n_in] matrix, built on the host as ONNX's
+    reference does: each output's kernel taps around its source coordinate (the pixel on its left first when
+    it falls on one), the kernel stretched by ``1 / scale`` when ``antialias`` downscales, the weights
+    normalized to sum 1; a tap outside the input reads the edge pixel, or with ``exclude_outside`` counts 0."""
+    mode = node.attr("mode")
+    a = float(node.attr("cubic_coeff_a", -0.75))
+    support = 1 if mode == "linear" else 2
+    stretch = min(scale, 1.0) if antialias else 1.0
+    start = int(np.floor(-support / stretch)) + 1
+    offsets = np.arange(start, 2 - start)
+    base = np.floor(coords)
+    ratio = coords - base
+    on_pixel = ratio == 0
+    base, ratio = np.where(on_pixel, base - 1, base), np.where(on_pixel, 1.0, ratio)
+    d = np.abs(offsets[None, :] - ratio[:, None]) * stretch
+    if mode == "linear":
+        w = np.maximum(1 - d, 0)
+    else:
+        w = np.where(d <= 1, cubic_near(d, a), np.where(d < 2, cubic_far(d, a), 0.0))
+    taps = base[:, None].astype(np.int64) + offsets[None, :]
+    if node.attr("exclude_outside", 0):
+        w = np.where((taps >= 0) & (taps < n_in), w, 0.0)
+    w = w / w.sum(axis=1, keepdims=True)
+    matrix = np.zeros((len(coords), n_in))
+    np.add.at(matrix, (np.arange(len(coords))[:, None], np.clip(taps, 0, n_in - 1)), w)
+    return matrix.astype(np.float32)
+
+
+def _resize_impl(node: Node, x, scales, sizes, mode: str, coord_mode: str, nearest_mode: str, antialias=False):
     rank = x.ndim
     in_shape = x.shape
     if sizes is not None:
@@ -1293,6 +1401,8 @@ def _resize_impl(node: Node, x, scales, sizes, mode: str, coord_mode: str, neare
     else:
         scales = [float(s) for s in scales]
         out_shape = [int(math.floor(in_shape[i] * scales[i])) for i in range(rank)]
+    if mode not in ("nearest", "linear", "cubic"):
+        raise QtoolError(f"node {node.label()}: Resize mode '{mode}' is not supported (nearest, linear and cubic are)")
     y = jnp.asarray(x)
     for axis in range(rank):
         n_in, n_out = in_shape[axis], out_shape[axis]
@@ -1309,7 +1419,7 @@ def _resize_impl(node: Node, x, scales, sizes, mode: str, coord_mode: str, neare
                 raise QtoolError(f"node {node.label()}: nearest_mode '{nearest_mode}' is not supported")
             idx = np.clip(idx, 0, n_in - 1).astype(np.int32)
             y = jnp.take(y, jnp.asarray(idx), axis=axis)
-        elif mode == "linear":
+        elif mode == "linear" and not (antialias and scales[axis] < 1):
             c = np.clip(coords, 0, n_in - 1)
             lo = np.floor(c).astype(np.int32)
             hi = np.minimum(lo + 1, n_in - 1)
@@ -1321,12 +1431,17 @@ def _resize_impl(node: Node, x, scales, sizes, mode: str, coord_mode: str, neare
             b = jnp.take(y, jnp.asarray(hi), axis=axis)
             y = a * (1 - frac) + b * frac
         else:
-            raise QtoolError(f"node {node.label()}: Resize mode '{mode}' is not supported (nearest and linear are)")
+            weights = _resize_weights(node, coords, n_in, scales[axis], antialias)
+            y = jnp.moveaxis(jnp.tensordot(weights, y, axes=([1], [axis]), precision=HIGHEST), 0, axis)
     return y
 
 
-@op("Resize")
+@op("Resize", attrs=("mode", "coordinate_transformation_mode", "nearest_mode", "axes", "keep_aspect_ratio_policy",
+                     "extrapolation_value", "cubic_coeff_a", "exclude_outside", "antialias"))
 def _resize(ctx, node, inputs):
+    """nearest, linear and cubic (``cubic_coeff_a``, ``exclude_outside``), ``antialias`` for linear and cubic
+    downscales; every coordinate transformation but tf_crop_and_resize (so ``extrapolation_value``, which only
+    it reads, never matters)."""
     x = inputs[0]
     mode = node.attr("mode", "nearest")
     if node.opset < 11:
@@ -1354,10 +1469,10 @@ def _resize(ctx, node, inputs):
     nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
     if mode == "nearest" and node.opset < 11:
         nearest_mode = "floor"
-    return [_resize_impl(node, x, scales, sizes, mode, coord, nearest_mode)]
+    return [_resize_impl(node, x, scales, sizes, mode, coord, nearest_mode, bool(node.attr("antialias", 0)))]
 
 
-@op("Upsample")
+@op("Upsample", attrs=("mode", "scales"))
 def _upsample(ctx, node, inputs):
     x = inputs[0]
     scales = node.attr("scales") if len(inputs) < 2 else _static(node, inputs[1], "scales").reshape(-1)
@@ -1365,7 +1480,7 @@ def _upsample(ctx, node, inputs):
 
 
 # --- qtool::FakeQuant ---------------------------------------------------------------------------------------------
-@op(FQ_NAME, domain=FQ_DOMAIN)
+@op(FQ_NAME, domain=FQ_DOMAIN, attrs=("num_bits", "narrow_range", "half_to_even"))
 def _fake_quant(ctx, node, inputs):
     x, mn, mx = inputs
     if not ctx.fake_quant:
@@ -1376,7 +1491,7 @@ def _fake_quant(ctx, node, inputs):
                        bool(ctx.range_grad(node.name)), bool(node.attr("half_to_even", 0)))]
 
 
-@op(FQ_BIAS_NAME, domain=FQ_DOMAIN)
+@op(FQ_BIAS_NAME, domain=FQ_DOMAIN, attrs=("saturate",))
 def _fake_quant_bias(ctx, node, inputs):
     b, scale = inputs
     if not ctx.fake_quant:
@@ -1420,6 +1535,7 @@ class Interpreter:
     def _check(self, nodes: list[Node], seen: set) -> None:
         for node in nodes:
             if (node.domain, node.op_type) in OPS:
+                check_attributes(node, self.label)
                 for body in bodies(node):
                     self._check(body.nodes, seen)
                 continue
@@ -1482,6 +1598,8 @@ class Interpreter:
                     else:
                         resolved[k] = v
                 node = Node(node.op_type, node.domain, node.name, node.inputs, node.outputs, resolved, node.opset)
+                if (node.domain, node.op_type) in OPS:
+                    check_attributes(node, self.label)
             inputs = [env[n] if n else None for n in node.inputs]
             while inputs and inputs[-1] is None:
                 inputs.pop()

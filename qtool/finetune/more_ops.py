@@ -21,7 +21,7 @@ from jax import lax
 from qtool.errors import QtoolError
 from qtool.finetune.interpreter import (
     OPS, _axis, _binary, _divisor, _np_dtype, _pool_geometry, _result, _spatial_attrs, _sqrt, _static, _unary, _xp,
-    concrete, op,
+    concrete, cubic_far, cubic_near, op,
 )
 
 # --- elementwise ------------------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ def _f32(node, name: str, default: float):
     return np.float32(node.attr(name, default))
 
 
-@op("IsInf")
+@op("IsInf", attrs=("detect_negative", "detect_positive"))
 def _is_inf(ctx, node, inputs):
     x = inputs[0]
     xp = _xp(x)
@@ -53,7 +53,7 @@ def _mish(ctx, node, inputs):
     return [x * jnp.tanh(jax.nn.softplus(x))]
 
 
-@op("Celu")
+@op("Celu", attrs=("alpha",))
 def _celu(ctx, node, inputs):
     x = inputs[0]
     alpha = _f32(node, "alpha", 1.0)
@@ -67,13 +67,13 @@ def _softsign(ctx, node, inputs):
     return [x / _divisor(x, d)]
 
 
-@op("ThresholdedRelu")
+@op("ThresholdedRelu", attrs=("alpha",))
 def _thresholded_relu(ctx, node, inputs):
     x = inputs[0]
     return [jnp.where(x > _f32(node, "alpha", 1.0), x, jnp.zeros_like(x))]
 
 
-@op("Shrink")
+@op("Shrink", attrs=("bias", "lambd"))
 def _shrink(ctx, node, inputs):
     x = inputs[0]
     xp = _xp(x)
@@ -82,13 +82,13 @@ def _shrink(ctx, node, inputs):
     return [_result(xp.where(x < -lambd, lo, xp.where(x > lambd, hi, xp.zeros_like(x))))]
 
 
-@op("Swish")
+@op("Swish", attrs=("alpha",))
 def _swish(ctx, node, inputs):
     x = inputs[0]
     return [x * jax.nn.sigmoid(_f32(node, "alpha", 1.0) * x)]
 
 
-@op("Hardmax")
+@op("Hardmax", attrs=("axis",))
 def _hardmax(ctx, node, inputs):
     """1 at the first maximum along ``axis`` (opset < 13: of the input coerced to 2-D at ``axis``)."""
     x = jnp.asarray(inputs[0])
@@ -116,7 +116,7 @@ def _standardize(x, axes, eps):
     return centered / _divisor(centered, jnp.sqrt(var + eps))
 
 
-@op("GroupNormalization")
+@op("GroupNormalization", attrs=("epsilon", "num_groups"))
 def _group_norm(ctx, node, inputs):
     """Statistics per sample and group of channels; ``scale``/``bias`` per group (opset 18) or per
     channel (opset 21)."""
@@ -133,7 +133,7 @@ def _group_norm(ctx, node, inputs):
     return [y * jnp.reshape(scale, per_channel) + jnp.reshape(bias, per_channel)]
 
 
-@op("RMSNormalization")
+@op("RMSNormalization", attrs=("axis", "epsilon"))
 def _rms_norm(ctx, node, inputs):
     x, scale = jnp.asarray(inputs[0]), inputs[1]
     axes = tuple(range(_axis(node.attr("axis", -1), x.ndim), x.ndim))
@@ -141,7 +141,7 @@ def _rms_norm(ctx, node, inputs):
     return [x / _divisor(x, rms) * scale]
 
 
-@op("LRN")
+@op("LRN", attrs=("alpha", "beta", "bias", "size"))
 def _lrn(ctx, node, inputs):
     """``x / (bias + alpha / size * sum of squares)^beta``, the sum over the channels ``c - (size-1)//2``
     to ``c + ceil((size-1)/2)`` (onnxruntime's window)."""
@@ -156,7 +156,7 @@ def _lrn(ctx, node, inputs):
     return [x / _divisor(x, d)]
 
 
-@op("LpNormalization")
+@op("LpNormalization", attrs=("axis", "p"))
 def _lp_norm(ctx, node, inputs):
     x = jnp.asarray(inputs[0])
     axis = _axis(node.attr("axis", -1), x.ndim)
@@ -172,7 +172,7 @@ def _lp_norm(ctx, node, inputs):
     return [jnp.where(norm > 0, x / _divisor(x, safe), jnp.zeros_like(x))]
 
 
-@op("MeanVarianceNormalization")
+@op("MeanVarianceNormalization", attrs=("axes",))
 def _mvn(ctx, node, inputs):
     """``(x - mean) / (sqrt(E[x^2] - mean^2) + 1e-9)`` over ``axes`` (default 0, 2, 3), ONNX's definition: a
     constant channel gives 0 (onnxruntime: NaN, 0 / 0), with a finite gradient."""
@@ -184,7 +184,7 @@ def _mvn(ctx, node, inputs):
     return [centered / _divisor(centered, _sqrt(jnp.maximum(var, 0)) + np.float32(1e-9))]
 
 
-@op("ReduceLogSum")
+@op("ReduceLogSum", attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce_log_sum(ctx, node, inputs):
     """``log`` of ReduceSum: the same axes (attribute before opset 18, input from 18), keepdims and
     noop_with_empty_axes."""
@@ -208,7 +208,7 @@ def _root(s, p: int):
     return jnp.where(positive, jnp.power(jnp.where(positive, s, 1), np.float32(1.0 / p)), jnp.zeros_like(s))
 
 
-@op("LpPool")
+@op("LpPool", attrs=("auto_pad", "ceil_mode", "dilations", "kernel_shape", "p", "pads", "strides"))
 def _lp_pool(ctx, node, inputs):
     """``(sum over the window of |x|^p)^(1/p)``; pads count as zeros."""
     x = jnp.asarray(inputs[0])
@@ -220,7 +220,7 @@ def _lp_pool(ctx, node, inputs):
     return [_root(s, p)]
 
 
-@op("GlobalLpPool")
+@op("GlobalLpPool", attrs=("p",))
 def _global_lp_pool(ctx, node, inputs):
     x = jnp.asarray(inputs[0])
     p = int(node.attr("p", 2))
@@ -234,7 +234,7 @@ def _rearranged(x, shape, perm, out):
     return [_result(xp.reshape(xp.transpose(xp.reshape(x, shape), perm), out))]
 
 
-@op("DepthToSpace")
+@op("DepthToSpace", attrs=("blocksize", "mode"))
 def _depth_to_space(ctx, node, inputs):
     x = inputs[0]
     b = int(node.attr("blocksize"))
@@ -245,7 +245,7 @@ def _depth_to_space(ctx, node, inputs):
     return _rearranged(x, (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2), out)
 
 
-@op("SpaceToDepth")
+@op("SpaceToDepth", attrs=("blocksize",))
 def _space_to_depth(ctx, node, inputs):
     x = inputs[0]
     b = int(node.attr("blocksize"))
@@ -258,7 +258,7 @@ def _wrap(idx, dim):
     return _xp(idx).where(idx < 0, idx + dim, idx)
 
 
-@op("GatherND")
+@op("GatherND", attrs=("batch_dims",))
 def _gather_nd(ctx, node, inputs):
     x, idx = inputs
     batch = int(node.attr("batch_dims", 0))
@@ -288,14 +288,15 @@ def _scattered(node, x, index: tuple, updates):
     return [getattr(jnp.asarray(x).at[index], _SCATTER[reduction])(jnp.asarray(updates, x.dtype))]
 
 
-@op("ScatterElements", "Scatter")
+@op("Scatter", attrs=("axis",))
+@op("ScatterElements", attrs=("axis", "reduction"))
 def _scatter_elements(ctx, node, inputs):
     x, idx, upd = inputs
     axis = _axis(int(node.attr("axis", 0)), x.ndim)
     return _scattered(node, x, _along(_wrap(idx, x.shape[axis]), axis, idx.shape), upd)
 
 
-@op("ScatterND")
+@op("ScatterND", attrs=("reduction",))
 def _scatter_nd(ctx, node, inputs):
     """``updates`` at the index tuples along the last axis of ``indices``: how PyTorch exports
     ``cache[:, :, a:b] = x`` (a streaming model's caches: GTCRN writes 18 this way)."""
@@ -303,7 +304,7 @@ def _scatter_nd(ctx, node, inputs):
     return _scattered(node, x, tuple(_wrap(idx[..., j], x.shape[j]) for j in range(idx.shape[-1])), upd)
 
 
-@op("OneHot")
+@op("OneHot", attrs=("axis",))
 def _one_hot(ctx, node, inputs):
     """``values[1]`` where the index (negative: from the end) is, ``values[0]`` elsewhere and for indices
     out of ``[-depth, depth)``; the new axis at ``axis`` (default last)."""
@@ -338,11 +339,11 @@ def _cum(kind: str):
     return impl
 
 
-OPS[("", "CumSum")] = _cum("sum")
-OPS[("", "CumProd")] = _cum("prod")
+op("CumSum", attrs=("exclusive", "reverse"))(_cum("sum"))
+op("CumProd", attrs=("exclusive", "reverse"))(_cum("prod"))
 
 
-@op("EyeLike")
+@op("EyeLike", attrs=("dtype", "k"))
 def _eye_like(ctx, node, inputs):
     x = inputs[0]
     dtype = node.attr("dtype")
@@ -350,7 +351,7 @@ def _eye_like(ctx, node, inputs):
     return [np.eye(x.shape[0], x.shape[1], int(node.attr("k", 0)), dtype=dtype)]
 
 
-@op("ReverseSequence")
+@op("ReverseSequence", attrs=("batch_axis", "time_axis"))
 def _reverse_sequence(ctx, node, inputs):
     """Each batch entry's first ``sequence_lens[b]`` steps along ``time_axis`` reversed, the rest kept."""
     x, lens = inputs
@@ -404,17 +405,10 @@ def _grid_pixels(xt, batch, index, padding: str, borders):
 def _cubic_coeffs(t):
     """Keys' cubic convolution weights (a = -0.75) of the 4 pixels around a point ``t`` past the second."""
     a = np.float32(-0.75)
-
-    def near(v):
-        return ((a + 2) * v - (a + 3)) * v * v + 1
-
-    def far(v):
-        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
-
-    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    return [cubic_far(t + 1, a), cubic_near(t, a), cubic_near(1 - t, a), cubic_far(2 - t, a)]
 
 
-@op("GridSample")
+@op("GridSample", attrs=("align_corners", "mode", "padding_mode"))
 def _grid_sample(ctx, node, inputs):
     """``x`` [N, C, *spatial] sampled at ``grid`` [N, *out, n] (the last axis x, y(, z): the spatial axes in
     reverse), as onnxruntime computes it: nearest (rounded half to even), (bi/tri)linear or bicubic (2-D);
@@ -458,7 +452,7 @@ def _grid_sample(ctx, node, inputs):
     return [jnp.moveaxis(out, -1, 1)]
 
 
-@op("AffineGrid")
+@op("AffineGrid", attrs=("align_corners",))
 def _affine_grid(ctx, node, inputs):
     """The sampling grid [N, (D,) H, W, n] of ``theta`` [N, n, n+1] over the ``size`` [N, C, (D,) H, W] image
     (the grid's last axis x, y(, z)), the positions normalized to [-1, 1] as GridSample reads them."""
@@ -498,16 +492,15 @@ def _window(kind: str):
     return impl
 
 
-OPS[("", "HannWindow")] = _window("hann")
-OPS[("", "HammingWindow")] = _window("hamming")
-OPS[("", "BlackmanWindow")] = _window("blackman")
+for _name, _kind in [("HannWindow", "hann"), ("HammingWindow", "hamming"), ("BlackmanWindow", "blackman")]:
+    op(_name, attrs=("output_datatype", "periodic"))(_window(_kind))
 
 for _name, _fn in [("BitwiseAnd", "bitwise_and"), ("BitwiseOr", "bitwise_or"), ("BitwiseXor", "bitwise_xor")]:
     OPS[("", _name)] = _binary(_fn)
 OPS[("", "BitwiseNot")] = _unary(np.bitwise_not, jnp.bitwise_not)
 
 
-@op("BitShift")
+@op("BitShift", attrs=("direction",))
 def _bit_shift(ctx, node, inputs):
     a, b = inputs
     xp = _xp(a, b)
@@ -515,7 +508,7 @@ def _bit_shift(ctx, node, inputs):
     return [_result(fn(a, xp.asarray(b).astype(a.dtype)))]
 
 
-@op("CenterCropPad")
+@op("CenterCropPad", attrs=("axes",))
 def _center_crop_pad(ctx, node, inputs):
     """Each of ``axes`` (default all) cropped or zero-padded to ``shape``, centered (the odd element at the
     end)."""
@@ -558,12 +551,12 @@ def _nll(node, log_prob, target, weight):
     return total / _divisor(total, jnp.sum(w))
 
 
-@op("NegativeLogLikelihoodLoss")
+@op("NegativeLogLikelihoodLoss", attrs=("ignore_index", "reduction"))
 def _nll_loss(ctx, node, inputs):
     return [_nll(node, inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None)]
 
 
-@op("SoftmaxCrossEntropyLoss")
+@op("SoftmaxCrossEntropyLoss", attrs=("ignore_index", "reduction"))
 def _softmax_ce(ctx, node, inputs):
     log_prob = jax.nn.log_softmax(jnp.asarray(inputs[0]), axis=1)
     return [_nll(node, log_prob, inputs[1], inputs[2] if len(inputs) > 2 else None), log_prob]
@@ -603,7 +596,8 @@ def _attention_bias(node, mask, q_len: int, kv_len: int, past_len: int, nonpad, 
     return bias
 
 
-@op("Attention")
+@op("Attention", attrs=("is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode", "scale", "softcap",
+                        "softmax_precision"))
 def _attention(ctx, node, inputs):
     """Scaled dot-product attention (opset 23/24): 3-D inputs split into ``q_num_heads``/``kv_num_heads``
     heads, grouped-query heads (each K/V head repeated), ``scale`` (default 1/sqrt(head size), applied as
@@ -612,9 +606,9 @@ def _attention(ctx, node, inputs):
     a fully masked query row gives 0."""
     padded = list(inputs) + [None] * (7 - len(inputs))
     q, k, v, mask, past_k, past_v, nonpad = padded[:7]
-    for name in ("left_window_size", "right_window_size"):
-        if int(node.attr(name, -1)) != -1:
-            raise QtoolError(f"node {node.label()}: Attention's {name} is not supported by the JAX interpreter")
+    if node.attr("softmax_precision", 1) != 1:
+        raise QtoolError(f"node {node.label()}: Attention's softmax_precision={node.attr('softmax_precision')} is not "
+                         "supported by the JAX interpreter (1, float32, is)")
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     three_d = q.ndim == 3
     if three_d:
@@ -648,7 +642,7 @@ def _attention(ctx, node, inputs):
     return [y, present_k, present_v, jnp.broadcast_to(qk_out, probs.shape)]
 
 
-@op("RotaryEmbedding")
+@op("RotaryEmbedding", attrs=("interleaved", "num_heads", "rotary_embedding_dim"))
 def _rotary_embedding(ctx, node, inputs):
     """RoPE (opset 23): ``x`` [batch, heads, seq, size] or [batch, seq, heads * size] (``num_heads``), the
     first ``rotary_embedding_dim`` (default all) of each head rotated by the cos/sin caches (indexed by
@@ -690,7 +684,7 @@ def _real_imag(z, dtype):
     return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1).astype(dtype)
 
 
-@op("DFT")
+@op("DFT", attrs=("axis", "inverse", "onesided"))
 def _dft(ctx, node, inputs):
     """The (inverse) DFT along ``axis`` (attribute before opset 20, input from 20; counted over the input's
     rank), zero-padded or truncated to ``dft_length``; ``onesided`` keeps the first ``n // 2 + 1`` bins."""
@@ -710,7 +704,7 @@ def _dft(ctx, node, inputs):
     return [_real_imag(z, x.dtype)]
 
 
-@op("STFT")
+@op("STFT", attrs=("onesided",))
 def _stft(ctx, node, inputs):
     """Frames of ``frame_length`` (default the window's length) every ``frame_step`` samples, times the
     window, DFT'd: [batch, frames, bins, 2] (``onesided``, default 1: ``frame_length // 2 + 1`` bins)."""
@@ -733,7 +727,7 @@ def _stft(ctx, node, inputs):
     return [_real_imag(z, jnp.asarray(x).dtype)]
 
 
-@op("MelWeightMatrix")
+@op("MelWeightMatrix", attrs=("output_datatype",))
 def _mel_weight_matrix(ctx, node, inputs):
     """The [dft_length // 2 + 1, num_mel_bins] triangular mel filters (ONNX's definition), on the host."""
     bins, dft, rate = (int(np.asarray(_static(node, v, "size")).reshape(-1)[0]) for v in inputs[:3])
@@ -753,7 +747,7 @@ def _mel_weight_matrix(ctx, node, inputs):
     return [out.astype(_np_dtype(node, int(node.attr("output_datatype", 1))))]
 
 
-@op("Col2Im")
+@op("Col2Im", attrs=("dilations", "pads", "strides"))
 def _col2im(ctx, node, inputs):
     """The adjoint of im2col: [N, C * prod(block), L] columns summed back into the [N, C, *image_shape] image
     (``strides``, ``pads``, ``dilations``), as the transpose of JAX's patch extraction."""
@@ -775,13 +769,13 @@ def _col2im(ctx, node, inputs):
     return [img]
 
 
-@op("SwiGLU")
+@op("SwiGLU", attrs=("alpha",))
 def _swiglu(ctx, node, inputs):
     a, b = inputs
     return [a * jax.nn.sigmoid(_f32(node, "alpha", 1.0) * a) * b]
 
 
-@op("TensorScatter")
+@op("TensorScatter", attrs=("axis", "mode"))
 def _tensor_scatter(ctx, node, inputs):
     """``update`` written into ``past_cache`` along ``axis`` (default -2) from each batch entry's
     ``write_indices`` (default 0); ``circular`` wraps around the cache's length."""
@@ -800,7 +794,7 @@ def _tensor_scatter(ctx, node, inputs):
     return [cache.at[_along(where, axis, update.shape)].set(update)]
 
 
-@op("DeformConv")
+@op("DeformConv", attrs=("dilations", "group", "kernel_shape", "offset_group", "pads", "strides"))
 def _deform_conv(ctx, node, inputs):
     """2-D deformable convolution (v1, and v2 with ``mask``): each kernel tap reads the input bilinearly
     (0 outside) at its place moved by ``offset`` [N, offset_group * kH * kW * 2 (dy, dx), oH, oW]; ``group``,
@@ -857,7 +851,8 @@ def _roi_axis(start, size: float, bins: int, grid: int, length: int):
     return low, high, frac, inside
 
 
-@op("RoiAlign")
+@op("RoiAlign", attrs=("coordinate_transformation_mode", "mode", "output_height", "output_width", "sampling_ratio",
+                      "spatial_scale"))
 def _roi_align(ctx, node, inputs):
     """RoiAlign with a fixed ``sampling_ratio`` (> 0; 0, the adaptive count, depends on each box's size):
     ``avg`` or onnxruntime's ``max`` (the largest weighted corner over the samples), ``half_pixel`` (opset
@@ -896,7 +891,7 @@ def _roi_align(ctx, node, inputs):
     return [jnp.moveaxis(y, -1, 1)]
 
 
-@op("MaxRoiPool")
+@op("MaxRoiPool", attrs=("pooled_shape", "spatial_scale"))
 def _max_roi_pool(ctx, node, inputs):
     """Fast R-CNN's RoI max pooling as onnxruntime computes it: each box ([batch, x1, y1, x2, y2], scaled and
     rounded half away from zero) split into ``pooled_shape`` bins of whole pixels; an empty bin gives 0."""

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from click.testing import CliRunner
 from finetune_helpers import CALIB, EVAL
+from onnx import TensorProto, helper, numpy_helper
 
 from qtool.cli import main
 
@@ -65,6 +67,25 @@ def test_progress_lines_and_a_one_line_error(graphs, tmp_path):
     result = invoke("finetune", ROOT / "samples" / "digits_cnn.onnx", "--data", CALIB, "-o", tmp_path / "t.onnx")
     assert result.exit_code == 2
     assert result.stderr.strip().count("\n") == 0 and "not a qtool training graph" in result.stderr
+
+
+def test_an_attribute_the_interpreter_does_not_implement_is_one_line_and_exit_2(tmp_path):
+    """A LayerNormalization with ``stash_type=0`` (statistics in another precision than float32): refused
+    before any training, naming the node and the attribute."""
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("LayerNormalization", ["h", "s", "b"], ["y"], name="ln", stash_type=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones(8, np.float32), "s"),
+         numpy_helper.from_array(np.zeros(8, np.float32), "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=w)
+    assert invoke("rewrite-train", tmp_path / "m.onnx", "-o", tmp_path / "m.qat.onnx").exit_code == 0
+    result = invoke("finetune", tmp_path / "m.qat.onnx", "--data", tmp_path / "d.npz", "-o", tmp_path / "t.onnx")
+    assert result.exit_code == 2 and result.stderr.strip().count("\n") == 0
+    assert "node 'ln' (LayerNormalization): attribute stash_type=0 is not supported" in result.stderr
 
 
 def test_without_jax_the_command_says_which_extra_to_install(graphs, tmp_path):

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qtool.errors import QtoolError
-from qtool.finetune.interpreter import Interpreter
+from qtool.finetune.interpreter import ATTRS, Interpreter, _schemas
 
 RNG = np.random.default_rng(7)
 
@@ -558,3 +558,98 @@ def test_max_roi_pool():
     rois = np.asarray([[1, 0.5, 1.0, 5.0, 4.5], [0, -3.0, -2.0, 4.0, 9.5], [1, 2.5, 2.2, 2.6, 2.5]], np.float32)
     for attrs in ({"pooled_shape": [2, 3]}, {"pooled_shape": [3, 2], "spatial_scale": 0.5}):
         _check("MaxRoiPool", {"x": _r(2, 3, 6, 7)}, {"r": rois}, attrs, opset=13)
+
+
+# --- Resize: cubic, antialias ------------------------------------------------------------------------------------
+RESIZE = [  # attrs, scales, sizes, opset
+    ({"mode": "cubic"}, [1, 1, 2.3, 1.6], None, 11),
+    ({"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, [1, 1, 0.6, 0.5], None, 13),
+    ({"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}, None, [2, 3, 9, 4], 13),
+    ({"mode": "cubic", "coordinate_transformation_mode": "pytorch_half_pixel"}, None, [2, 3, 1, 11], 13),
+    ({"mode": "cubic", "coordinate_transformation_mode": "half_pixel_symmetric"}, [1, 1, 0.6, 1.5], None, 19),
+    ({"mode": "cubic", "exclude_outside": 1}, [1, 1, 2, 3], None, 13),
+    ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, None, [2, 3, 5, 16], 13),
+    ({"mode": "linear", "antialias": 1}, [1, 1, 0.5, 0.35], None, 18),
+    ({"mode": "linear", "antialias": 1, "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 3, 4], 18),
+    ({"mode": "linear", "antialias": 1, "exclude_outside": 1}, [1, 1, 1.5, 0.4], None, 18),
+    ({"mode": "cubic", "antialias": 1}, [1, 1, 0.5, 0.35], None, 18),
+    ({"mode": "cubic", "antialias": 1, "coordinate_transformation_mode": "asymmetric", "exclude_outside": 1},
+     [1, 1, 0.6, 0.3], None, 18),
+    ({"mode": "cubic", "antialias": 1, "cubic_coeff_a": -0.5, "axes": [2, 3]}, None, [3, 4], 18),
+]
+
+
+@_batch
+def test_resize_cubic_and_antialias():
+    """Resize cubic (every coordinate transformation, ``exclude_outside``, ``cubic_coeff_a``) and ``antialias``
+    (linear and cubic, downscaling one axis and upscaling the other); the gradient of a cubic and an antialiased
+    one."""
+    for k, (attrs, scales, sizes, opset) in enumerate(RESIZE):
+        consts = {"roi": np.zeros(0, np.float32), "scales": np.asarray(scales or [], np.float32)}
+        if sizes is not None:
+            consts["sizes"] = _i(sizes)
+        _check("Resize", {"x": _r(2, 3, 7, 9)}, consts, attrs, opset=opset, grad=k in (0, 10))
+
+
+# --- attributes the interpreter does not implement ---------------------------------------------------------------
+@pytest.mark.parametrize("op_type, consts, attrs, opset, message", [
+    ("Relu", {}, {"alpha": 0.1}, 13, r"'Relu_0' \(Relu\): 'alpha' is not an attribute of Relu"),
+    ("LayerNormalization", {"s": (5,)}, {"stash_type": 0}, 17,
+     r"'LayerNormalization_0' \(LayerNormalization\): attribute stash_type=0 is not supported by the JAX "
+     r"interpreter \(only its default, 1, is\)"),
+    ("BatchNormalization", {"s": (3,), "b": (3,), "m": (3,), "v": (3,)}, {"spatial": 0}, 7,
+     r"attribute spatial=0 is not supported"),
+    ("Cast", {}, {"to": 1, "round_mode": "down"}, 24, r"attribute round_mode='down' is not supported"),
+    ("Constant", {}, {"value_string": "a"}, 13, r"attribute value_string='a' is not supported .*only its absence"),
+    ("Squeeze", {}, {"axes": [1]}, 13, r"attribute axes=\[1\] is not supported .*only its absence"),  # an input
+])
+def test_an_attribute_not_implemented_is_refused_naming_the_node(op_type, consts, attrs, opset, message):
+    """(``consts``: the shapes of the initializers, so that collecting the cases draws nothing from ``RNG``.)"""
+    consts = {k: np.ones(shape, np.float32) for k, shape in consts.items()}
+    order = ([] if op_type == "Constant" else ["x"]) + list(consts)
+    model = _model(op_type, {} if op_type == "Constant" else {"x": _r(2, 3, 5)}, consts, attrs, opset, order,
+                   np.float32, ["y"])
+    with pytest.raises(QtoolError, match=message):
+        Interpreter(model, label="m.onnx")
+
+
+def test_an_attribute_at_its_default_is_accepted_where_its_opset_does_not_define_it():
+    """BatchNormalization's ``training_mode=0`` (opset 14) and ``spatial=1`` (opset 7) in an opset-9 model, and
+    ONNX Runtime's optimizer's LayerNormalization with opset 17's ``stash_type=1`` in an opset-14 model: the
+    default meaning, computed as without them."""
+    bn = {"s": _r(3), "b": _r(3), "m": _r(3), "v": _r(3, lo=0.5, hi=1)}
+    x = _r(2, 3, 5)
+    for op_type, consts, attrs, opset in (("BatchNormalization", bn, {"training_mode": 0, "spatial": 1}, 9),
+                                          ("LayerNormalization", {"s": _r(5)}, {"stash_type": 1}, 14)):
+        ys = [Interpreter(_model(op_type, {"x": x}, consts, a, opset, ["x", *consts], np.float32, ["y"])).run(
+            {"x": x})["y"] for a in (attrs, {})]
+        np.testing.assert_array_equal(np.asarray(ys[0]), np.asarray(ys[1]))
+
+
+def test_dropout_in_training_mode_is_refused():
+    model = _model("Dropout", {"x": _r(2, 3)}, {"r": np.float32(0.1), "t": np.asarray(True)}, {}, 13,
+                   ["x", "r", "t"], np.float32, ["y"])
+    with pytest.raises(QtoolError, match=r"'Dropout_0' \(Dropout\): Dropout in training mode"):
+        Interpreter(model).run({"x": _r(2, 3)})
+    model = _model("Dropout", {"x": _r(2, 3)}, {"r": np.float32(0.1), "t": np.asarray(False)}, {}, 13,
+                   ["x", "r", "t"], np.float32, ["y"])
+    x = _r(2, 3)
+    np.testing.assert_array_equal(np.asarray(Interpreter(model).run({"x": x})["y"]), x)
+
+
+def test_top_k_before_opset_10_reads_k_from_its_attribute():
+    x = _r(3, 6)
+    model = _model("TopK", {"x": x}, {}, {"k": 2, "axis": 1}, 9, ["x"], np.float32, ["v", "i"])
+    got = Interpreter(model).run({"x": x})
+    np.testing.assert_array_equal(np.asarray(got["v"]), -np.sort(-x, axis=1)[:, :2])
+    np.testing.assert_array_equal(np.asarray(got["i"]), np.argsort(-x, axis=1)[:, :2])
+
+
+def test_every_attribute_an_implementation_reads_is_one_of_its_op():
+    """The registry's declarations (``op(..., attrs=...)``) name attributes some version of the op's schema
+    defines (a typo would let that attribute through unchecked)."""
+    for (domain, op_type), attrs in ATTRS.items():
+        versions = _schemas(domain, op_type)
+        if versions:
+            defined = set().union(*(s.attributes for s in versions))
+            assert attrs <= defined, (op_type, attrs - defined)
