@@ -86,19 +86,27 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
     c0, t0 = time.process_time(), time.perf_counter()
     compiled = lowered.compile(options or None)
     compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    seconds = []
-    for _ in range(runs):
-        c0 = time.process_time()
-        jax.block_until_ready(compiled(*args))
-        seconds.append(time.process_time() - c0)
+    run_cpu_s = _median_cpu(compiled, args, runs)
     hlo = compiled.as_text()
     entry = next(c for c in re.split(r"\n(?=\S)", hlo) if c.startswith("ENTRY"))
     return {"program": program, "options": options, "lower_s": round(lower_s, 1), "compile_s": round(compile_s, 1),
             "compile_cpu_s": round(compile_cpu_s, 1), "trace_compile_cpu_s": round(lower_cpu_s + compile_cpu_s, 1),
-            "run_cpu_s": round(statistics.median(seconds), 4),
+            "run_cpu_s": round(run_cpu_s, 4),
             "stablehlo_ops": stablehlo, "hlo_instructions": sum(1 for line in hlo.splitlines() if " = " in line),
             "kernels": len(re.findall(r"= \S+ fusion\(", entry)),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def _median_cpu(fn, args, runs: int) -> float:
+    """The median process CPU seconds of ``runs`` calls of ``fn(*args)``."""
+    import jax
+
+    seconds = []
+    for _ in range(runs):
+        c0 = time.process_time()
+        jax.block_until_ready(fn(*args))
+        seconds.append(time.process_time() - c0)
+    return statistics.median(seconds)
 
 
 def _measure_calls(fn, args, runs: int, segments: int) -> dict:
@@ -108,12 +116,7 @@ def _measure_calls(fn, args, runs: int, segments: int) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     jax.block_until_ready(fn(*args))
     first_s, first_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    seconds = []
-    for _ in range(runs):
-        c0 = time.process_time()
-        jax.block_until_ready(fn(*args))
-        seconds.append(time.process_time() - c0)
-    run_cpu_s = statistics.median(seconds)
+    run_cpu_s = _median_cpu(fn, args, runs)
     return {"program": "train", "segments": segments, "first_call_s": round(first_s, 1),
             "trace_compile_cpu_s": round(first_cpu_s - run_cpu_s, 1), "run_cpu_s": round(run_cpu_s, 4),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
