@@ -232,6 +232,14 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
         notes.append("LSTMs run as onnxruntime's com.microsoft.DynamicQuantizeLSTM: int8 weights, and the kernel "
                      "quantizes its input and hidden state at run time (per matrix, uint8), outside the "
                      "calibrated ranges; --float-rnn keeps them float.")
+    config = prepared.config
+    packed = sum(w["dtype"] == "int4" for w in encoding.weights)
+    if packed:
+        notes.append(f"{packed} weight(s) packed as int4 (--pack-int4): onnxruntime has no integer kernel for int4 "
+                     "weights and runs those layers in float, slower than the float model on CPU")
+    if config.int8_activations and encoding.activations:
+        notes.append("activations stored as int8 (--int8-activations): onnxruntime's x86 kernels leave many "
+                     "int8-activation Conv/MatMul in float")
     if prepared.config.per_channel and any(w["op"] == "ConvTranspose" for w in encoding.weights):
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)

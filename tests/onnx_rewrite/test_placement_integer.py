@@ -553,3 +553,15 @@ def test_4_bit_weights_run_in_integer_kernels_unless_packed(tmp_path):
     assert FLOAT_LAYERS & set(optimized_ops(packed, tmp_path))
     as_written = [run(m, feeds, optimize=False)[0] for m in (int8, packed)]
     np.testing.assert_array_equal(as_written[0], as_written[1])
+
+
+def test_packed_int4_weights_and_int8_activations_are_noted():
+    """The two storage options that make onnxruntime run layers in float say so in the summary."""
+    b = Builder(opset=17, named=False)
+    x, feeds = image_input(b)
+    proto = b.proto([b.node("Relu", [conv_bn(b, x, 8, 16)])])
+    _, plain = quantize(proto, feeds, weight_bits=4)
+    _, both = quantize(proto, feeds, weight_bits=4, pack_int4=True, symmetric=True, int8_activations=True)
+    assert not [n for n in plain.notes if "int4" in n or "int8-activations" in n]
+    assert [n for n in both.notes if n.startswith("1 weight(s) packed as int4 (--pack-int4)")]
+    assert [n for n in both.notes if n.startswith("activations stored as int8 (--int8-activations)")]
