@@ -116,13 +116,18 @@ class EvalEncoding:
     notes: list[str] = field(default_factory=list)
 
 
+def activation_storage(config: QuantConfig):
+    """The container of ``config``'s activations (uint8 / uint16, or signed with ``int8_activations``)."""
+    return storage(config.activation_bits, signed=config.int8_activations, narrow=False)
+
+
 def needed_opset(config: QuantConfig) -> int:
     """The opset the eval encoding of ``config`` needs."""
     need = 10
     if config.per_channel:
         need = 13
     w = storage(config.weight_bits, signed=True, narrow=True, int4=config.pack_int4)
-    a = storage(config.activation_bits, signed=config.int8_activations, narrow=False)
+    a = activation_storage(config)
     need = max(need, w.opset, a.opset)
     if a.needs_clip and a.dtype in (ir.DataType.UINT8, ir.DataType.INT8):
         need = max(need, 12)  # Clip on integer types
@@ -321,7 +326,7 @@ class EvalEncoder:
         onnxruntime runs QLinearAdd/QLinearMul (placement.integer)."""
         constant = node.inputs[index]
         c = constant_array(constant).astype(np.float32)
-        store = storage(self.config.activation_bits, signed=self.config.int8_activations, narrow=False)
+        store = activation_storage(self.config)
         value = np.float32(c.reshape(-1)[0])
         zero = 0 if value >= 0 or store.grid[0] < 0 else 1  # a negative constant on an unsigned grid: zp 1, code 0
         code = zero + (0 if value == 0 else 1 if value > 0 else -1)

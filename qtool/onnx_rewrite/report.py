@@ -240,7 +240,7 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
     if config.int8_activations and encoding.activations:
         notes.append("activations stored as int8 (--int8-activations): onnxruntime's x86 kernels leave many "
                      "int8-activation Conv/MatMul in float")
-    if prepared.config.per_channel and any(w["op"] == "ConvTranspose" for w in encoding.weights):
+    if config.per_channel and any(w["op"] == "ConvTranspose" for w in encoding.weights):
         notes.append("ConvTranspose weights are quantized per channel along axis 1 (Cout/group ranges).")
     notes.extend(encoding.notes)
     plan = prepared.plan
