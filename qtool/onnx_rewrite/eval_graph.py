@@ -84,6 +84,7 @@ from qtool.onnx_rewrite.kernel_forms import (
     gelus_fused,
     prelus_as_sums,
     read_codes_through,
+    relus_on_their_grid,
     space_to_depth_conv,
     static_shape,
     tile_gates,
@@ -112,6 +113,7 @@ class EvalEncoding:
     depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
     prelu_sums: list[dict] = field(default_factory=list)  # PRelus of dequantized tensors as Relu + Min * slope
     fused_gelus: list[dict] = field(default_factory=list)  # written-out GELUs as com.microsoft.Gelu / FastGelu
+    relus_on_grid: list[dict] = field(default_factory=list)  # Relus before a symmetric grid as LeakyRelu(0)
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -498,6 +500,7 @@ class EvalEncoder:
             # after the widening: a Tile would stop it at the squeeze-excite Mul
             self.result.tiled_gates = tile_gates(self.graph, self.names, self.initializer)
             self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
+            self.result.relus_on_grid = relus_on_their_grid(self.graph, self.names)
         self.result.prelu_sums = prelus_as_sums(self.graph, self.names, self.initializer, self.opset)
         if not self.config.standard_ops:  # com.microsoft.Gelu / FastGelu
             self.result.fused_gelus = gelus_fused(self.graph, self.names)

@@ -137,6 +137,7 @@ class RewriteResult:
             "prelus_as_sums": sum(1 for x in e.prelu_sums if not x.get("existing")),
             "gelus_fused": sum(g["op"] == "Gelu" for g in e.fused_gelus),
             "fast_gelus_fused": sum(g["op"] == "FastGelu" for g in e.fused_gelus),
+            "relus_on_their_grid": len(e.relus_on_grid),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -342,6 +343,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["gelus_fused"], "GELU") + " written out as com.microsoft.Gelu")
     if c.get("fast_gelus_fused"):
         extra.append(_plural(c["fast_gelus_fused"], "tanh GELU") + " written out as com.microsoft.FastGelu")
+    if c.get("relus_on_their_grid"):
+        extra.append(_plural(c["relus_on_their_grid"], "Relu") + " as LeakyRelu(alpha=0) on the output grid")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

@@ -248,3 +248,39 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
     got, want = outputs([rewritten, plain], feeds)
     step = np.min(np.diff(np.unique(want)))  # the output quantizer's step: the two erf kernels may tie apart
     assert np.max(np.abs(got - want)) <= step * 1.001 and np.mean(got != want) < 0.01
+
+
+@pytest.mark.parametrize("act, opset", [("Relu", 17), ("Relu6", 11), ("Relu6", 17)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_relu_before_a_symmetric_grid_runs_as_an_integer_leaky_relu(act, opset, int8, tmp_path, monkeypatch):
+    """onnxruntime folds a Relu into the Conv before it only when the output's zero point is its container's low
+    end; symmetric activations (zero point 128 in uint8, 0 in int8) left that Conv in float with its weights
+    dequantized at every run. The Relu's input is quantized on the output's grid and the Relu written as
+    LeakyRelu(alpha=0): QLinearConv + QLinearLeakyRelu, the values to the bit those of the plain graph. The
+    default asymmetric ranges have the zero point at the low end: nothing to do there."""
+    b = Builder(opset=opset, constants=True, named=False)
+    x, feeds = b.input("x", ["N", 8, 8, 8]), {"x": x_data(8, 8, 8, 8)}
+
+    def activation(y):
+        if act == "Relu":
+            return b.node("Relu", [y])
+        return b.node("Clip", [y, b.const(np.float32(0)), b.const(np.float32(6))])
+
+    y = activation(b.bn(b.conv(x, 8, 16), 16))
+    y = activation(b.conv(b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2]), 16, 16))
+    proto = b.proto([b.conv(y, 16, 8)])
+    options = {"symmetric": True, "int8_activations": int8}
+    quantized, result = quantize(proto, feeds, **options)
+    assert result.to_dict()["counts"]["relus_on_their_grid"] == 2
+    ops = optimized_ops(quantized, tmp_path)
+    assert ops["QLinearLeakyRelu"] == 2 and ops["QLinearConv"] == 3 and not {"Conv", "FusedConv", "Relu", "Clip"} & set(ops)
+    assert "2 Relus as LeakyRelu(alpha=0)" in result.format_text()
+    monkeypatch.setattr("qtool.onnx_rewrite.eval_graph.relus_on_their_grid", lambda graph, names: [])
+    plain, _ = quantize(proto, feeds, **options)
+    assert optimized_ops(plain, tmp_path)["QLinearConv"] < 3  # what it was: float Convs
+    np.testing.assert_array_equal(*outputs([quantized, plain], feeds, optimized=False))
+    assert onnx.checker.check_model(quantized) is None
+    monkeypatch.undo()
+    asymmetric, result = quantize(proto, feeds, int8_activations=int8)
+    assert result.to_dict()["counts"]["relus_on_their_grid"] == 0
+    assert not {"Conv", "FusedConv", "LeakyRelu", "QLinearLeakyRelu"} & set(optimized_ops(asymmetric, tmp_path))
