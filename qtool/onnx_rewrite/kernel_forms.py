@@ -408,7 +408,8 @@ def _written_out_gelu(erf: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
 def _written_out_tanh_gelu(tanh: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
     """``(x, nodes)`` when ``tanh`` is the core of ``x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 *
     x ** 3)))``, GPT-2's ``gelu_new`` (transformers' NewGELU and ``nn.GELU(approximate="tanh")`` as PyTorch exports
-    them: Pow, Mul, Add, Mul, Tanh; operands either way; ``_gelu_product``'s forms of the rest)."""
+    them: Pow or ``x * (x * x)``, Mul, Add, Mul, Tanh; operands either way; ``_gelu_product``'s forms of the
+    rest)."""
     scaled = tanh.inputs[0] if len(tanh.inputs) == 1 else None
     scale = scaled.producer() if scaled is not None else None
     if scale is None or not is_onnx(scale, "Mul") or not _sole_use(scaled):
@@ -421,20 +422,37 @@ def _written_out_tanh_gelu(tanh: ir.Node) -> tuple[ir.Value, list[ir.Node]] | No
         mul = cubic.producer() if cubic is not None and _sole_use(cubic) else None
         cube = next((v for v in mul.inputs if _close(_scalar(_other_input(mul, v)), 0.044715)), None) \
             if mul is not None and is_onnx(mul, "Mul") else None
-        power = cube.producer() if cube is not None and _sole_use(cube) else None
         x = _other_input(add, cubic)
-        if power is not None and is_onnx(power, "Pow") and power.inputs[0] is x and x is not None \
-                and _scalar(power.inputs[1]) == 3.0:
-            nodes = _gelu_product(tanh, x, [power, mul, add, scale])
+        power = _cube(cube, x) if cube is not None and x is not None else None
+        if power is not None:
+            nodes = _gelu_product(tanh, x, [*power, mul, add, scale])
             return (x, nodes) if nodes else None
     return None
+
+
+def _cube(value: ir.Value, x: ir.Value) -> list[ir.Node] | None:
+    """The nodes computing ``value = x ** 3`` from ``x``, each read by the next alone: ``Pow(x, 3)``, or
+    ``x * (x * x)`` with the operands either way (PyTorch's TorchScript export of ``nn.GELU(approximate="tanh")``
+    below opset 20)."""
+    node = value.producer() if _sole_use(value) else None
+    if node is None:
+        return None
+    if is_onnx(node, "Pow"):
+        return [node] if node.inputs[0] is x and _scalar(node.inputs[1]) == 3.0 else None
+    square = _other_input(node, x) if is_onnx(node, "Mul") else None
+    inner = square.producer() if square is not None and _sole_use(square) else None
+    if inner is None or not is_onnx(inner, "Mul") or list(inner.inputs) != [x, x]:
+        return None
+    return [inner, node]
 
 
 def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
     """Every GELU written out with Erf (or Tanh, GPT-2's form) whose input is a dequantized float32 tensor becomes
     one ``com.microsoft.Gelu`` (``FastGelu``) (module docstring: what onnxruntime fuses the float model's GELU into,
-    which the QDQ model's DequantizeLinear copies prevent); returns what was fused."""
-    done = []
+    which the QDQ model's DequantizeLinear copies prevent); a tanh GELU also where its float32 input is computed from
+    dequantized tensors (a Linear's float output: onnxruntime's FastGeluFusion does not take PyTorch's ``x * (x * x)``
+    form, in the float model either); returns what was fused."""
+    done, quantized = [], _from_dequantized(graph)
     for core in list(graph):
         op, found = (GELU, _written_out_gelu(core)) if is_onnx(core, "Erf") else \
             (FAST_GELU, _written_out_tanh_gelu(core)) if is_onnx(core, "Tanh") else (None, None)
@@ -442,7 +460,8 @@ def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
             continue
         x, nodes = found
         dq = x.producer()
-        if dq is None or not is_onnx(dq, DEQUANTIZE) or value_dtype(x) not in (None, ir.DataType.FLOAT):
+        dequantized = dq is not None and is_onnx(dq, DEQUANTIZE)
+        if not (dequantized or (op == FAST_GELU and x in quantized)) or value_dtype(x) not in (None, ir.DataType.FLOAT):
             continue
         last = nodes[-1]
         base = names.prefix(f"{core.name or core.op_type}/gelu", [op], [])

@@ -188,7 +188,18 @@ def test_a_prelu_between_integer_convs_is_written_as_relu_plus_scaled_min(opset,
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first", "gpt2_tanh", "tanh_reversed"])
+def torch_tanh_gelu(b, h):
+    """``nn.GELU(approximate="tanh")`` as PyTorch 2.13's TorchScript exporter writes it at opset 17: the cube as
+    ``x * (x * x)``, constants first."""
+    scalar = lambda v: b.const(np.array(v, np.float32))  # noqa: E731
+    cube = b.node("Mul", [h, b.node("Mul", [h, h])])
+    inner = b.node("Add", [h, b.node("Mul", [scalar(0.044715), cube])])
+    tanh = b.node("Tanh", [b.node("Mul", [scalar(0.7978845608), inner])])
+    return b.node("Mul", [scalar(0.5), b.node("Mul", [h, b.node("Add", [scalar(1.0), tanh])])])
+
+
+@pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first", "gpt2_tanh", "tanh_reversed",
+                                  "torch_tanh"])
 def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, tmp_path, monkeypatch):
     """paddle2onnx (PP-OCRv6) and PyTorch's nn.GELU before opset 20 write GELU as ``Div(x, sqrt 2) -> Erf ->
     Add 1 -> Mul x -> Mul 0.5`` (or with ``* (1 / sqrt 2)``, operands either way). onnxruntime fuses it into one
@@ -214,6 +225,8 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
             inner = b.node("Add", [h, b.node("Mul", [b.node("Pow", [h, scalar(3.0)]), scalar(0.044715)])])
             tanh = b.node("Tanh", [b.node("Mul", [inner, scalar(0.7978845608)])])
             return b.node("Mul", [b.node("Mul", [h, scalar(0.5)]), b.node("Add", [tanh, scalar(1.0)])])
+        if form == "torch_tanh":  # nn.GELU(approximate="tanh"), PyTorch's TorchScript export below opset 20
+            return torch_tanh_gelu(b, h)
         if form == "tanh_reversed":  # operands the other way, the 0.5 last
             inner = b.node("Add", [b.node("Mul", [scalar(0.044715), b.node("Pow", [h, scalar(3.0)])]), h])
             tanh = b.node("Tanh", [b.node("Mul", [scalar(0.7978845608), inner])])
@@ -284,3 +297,22 @@ def test_a_relu_before_a_symmetric_grid_runs_as_an_integer_leaky_relu(act, opset
     asymmetric, result = quantize(proto, feeds, int8_activations=int8)
     assert result.to_dict()["counts"]["relus_on_their_grid"] == 0
     assert not {"Conv", "FusedConv", "LeakyRelu", "QLinearLeakyRelu"} & set(optimized_ops(asymmetric, tmp_path))
+
+
+def test_a_tanh_gelu_between_linears_runs_as_one_fast_gelu(tmp_path):
+    """A transformer MLP with nn.GELU(approximate="tanh") (GPT-2, the zoo's BERT): the first Linear's output stays
+    float (MatMulIntegerToFloat, the pair dropped: FINDINGS.md section 6), and onnxruntime's FastGeluFusion does not
+    take PyTorch's ``x * (x * x)`` form, in the float model either: nine float ops per GELU. qtool writes it as one
+    com.microsoft.FastGelu (zoo BERT 0.48x -> 0.42x float); a GELU of the model's float part is left as it is."""
+    b = Builder(opset=17, named=False)
+    x, feeds = b.input("x", ["N", 6, 16]), {"x": x_data(4, 6, 16), "s": x_data(4, 16)}
+    y = b.matmul(torch_tanh_gelu(b, b.matmul(x, 16, 32, bias=True)), 32, 16, bias=True)
+    proto = b.proto([y, torch_tanh_gelu(b, b.input("s", ["N", 16]))])
+    assert optimized_ops(proto, tmp_path)["Tanh"] == 2  # the float model: unfused
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["MatMulIntegerToFloat"])
+    rewritten = ir.serde.serialize_model(result.model)
+    fast = [n for n in rewritten.graph.node if n.op_type == "FastGelu"]
+    assert len(fast) == 1 and fast[0].domain == "com.microsoft" and not fast[0].input[0].endswith("dequantized")
+    assert ops["FastGelu"] == 1 and ops["Tanh"] == 1 and result.to_dict()["counts"]["fast_gelus_fused"] == 1
+    standard, _ = quantize(proto, feeds, standard_ops=True)
+    np.testing.assert_allclose(*outputs([rewritten, standard], feeds), rtol=1e-3, atol=1e-3)
