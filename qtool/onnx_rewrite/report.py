@@ -212,7 +212,7 @@ def eval_messages(prepared: EvalGraph, encoding: EvalEncoding, ranges: dict | No
     if prepared.plan.new_activations() and ranges is None:
         warnings.append(
             "no calibration data: activation ranges are TensorFlow's defaults ((-6, 6), and (0, 6) "
-            "after Relu/Clip); the model needs calibration (--calibration-data) to be accurate"
+            "after Relu/Clip); the model needs calibration (--data) to be accurate"
         )
     if calibration is not None:
         warnings.extend(calibration.warnings())
