@@ -2418,8 +2418,8 @@ def lyt_net(root: Path) -> Case:
     """hpc203/Low-Light-Image-Enhancement-onnxrun's LYT-Net (weights/lyt_net_lolv1_320x240.onnx, 0.3 MB: tf2onnx
     1.16.1, opset 16, NHWC [batch, 240, 320, 3], a YUV split, multi-head self-attention as MatMul/Softmax on
     reshaped maps, Tanh, 37 Casts and the shapes computed in the graph); input the BGR frame resized, / 127.5 - 1
-    as its main.py (darkened scenes, ``_dark``; 8 calibration frames). Agreement: PSNR of int8's output against float's (0-255), and of
-    each against the scene before darkening."""
+    as its main.py (darkened scenes, ``_dark``; 8 calibration frames). Agreement: PSNR of int8's output against
+    float's (0-255), and of each against the scene before darkening."""
     def frames(n, seed):
         bright = _resized(_scenes(n, seed, 320), 320, 240)[..., ::-1]
         return (_dark(bright, seed) / 127.5 - 1).astype(np.float32), bright
@@ -2503,7 +2503,8 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "yolov5n_fp16": yolov5n_fp16, "retinaface": retinaface, "centerface": centerface,
          "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g"), "open_nsfw": open_nsfw,
          "madmom_beats": madmom_beats, "madmom_key": madmom_key, "madmom_beats_lstm": madmom_beats_lstm,
-         "madmom_onsets": madmom_onsets, **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
+         "madmom_onsets": madmom_onsets,
+         **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
          "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny}
 
 
