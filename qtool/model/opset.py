@@ -12,6 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from qtool.errors import QtoolError
+from qtool.model.constants import constant_array
 from qtool.model.graph import take_over
 from qtool.model.io import external_tensors, light_proto, restore_tensors
 
@@ -51,7 +52,29 @@ def convert_opset(model: ir.Model, target: int, why: str) -> ir.Model:
     restore_tensors(new, saved)
     if current < 13 <= target:
         _unwrap_last_axis_softmax(new.graph)
+        _drop_empty_resize_operands(new.graph)
     return new
+
+
+def _drop_empty_resize_operands(graph: ir.Graph) -> int:
+    """Give a Resize's empty ``roi`` and ``scales`` (opset 11 needs them: PyTorch's exporter writes one empty
+    initializer for both) as missing inputs, the opset-13 way, where ``sizes`` follows.
+
+    The converter keeps them; onnxruntime's opset-13 shape inference takes an empty ``scales`` for "not given"
+    only when it can read it, and cannot where the initializer is also listed as a graph input (hpc203's
+    NanoDet-m, PyTorch 1.7: "Either `sizes` or `scales` must be provided, but not both"; the float model at
+    opset 11 runs). Returns how many operands were dropped."""
+    dropped = 0
+    for node in graph:
+        if node.op_type != "Resize" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 4 \
+                or node.inputs[3] is None:
+            continue
+        for index in (1, 2):
+            array = constant_array(node.inputs[index]) if node.inputs[index] is not None else None
+            if array is not None and array.size == 0:
+                node.replace_input_with(index, None)
+                dropped += 1
+    return dropped
 
 
 def _unwrap_last_axis_softmax(graph: ir.Graph) -> int:

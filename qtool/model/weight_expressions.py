@@ -63,7 +63,10 @@ def _shape_arithmetic(node: ir.Node, inputs: list[np.ndarray | None]) -> bool:
     return node.op_type != "ReduceProd" or all(a.dtype.kind in "iu" for a in inputs if a is not None)
 
 
-class _Folder:
+class ExpressionFolder:
+    """Values the graph computes from constants through :data:`FOLDABLE` and :data:`SHAPE_OPS` nodes
+    (``value(v)``: the array, or None), and the nodes it evaluated for them (``nodes``)."""
+
     def __init__(self, opset: int):
         self.opset = opset
         self.values: dict[int, np.ndarray | None] = {}
@@ -96,7 +99,7 @@ def fold_weight_expressions(graph: ir.Graph, opset: int, skip=lambda node: False
     """Give every layer weight (and bias) that the graph computes from constants through
     :data:`FOLDABLE` ops an initializer with its value (module docstring), except in the layers
     ``skip(node)`` names (excluded, outside the scope); returns what was folded."""
-    folder = _Folder(opset)
+    folder = ExpressionFolder(opset)
     used = {v.name for v in graph.initializers.values()} | {v.name for n in graph for v in n.outputs if v.name}
     done = []
     for node in list(graph):

@@ -25,6 +25,7 @@ from qtool.model.graph import remove_identities
 from qtool.model.names import NameScope, name_unnamed_nodes
 from qtool.model.opset import convert_opset, default_opset
 from qtool.model.weight_expressions import fold_weight_expressions
+from qtool.onnx_rewrite.conv_pads import pads_into_convs
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
@@ -96,6 +97,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     names = NameScope(graph)
     constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
+    pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     folds.affine, folds.weight_expressions, folds.float16 = affine, expressions, float16

@@ -37,6 +37,7 @@ from qtool.model.weight_expressions import fold_weight_expressions
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
+from qtool.onnx_rewrite.conv_pads import pads_into_convs
 from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
 from qtool.onnx_rewrite.fold_affine import fold_affine
@@ -126,6 +127,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     check_exclude(graph, config.exclude, config.scope)
     expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
     constants_to_initializers(graph)
+    pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     names = NameScope(graph)
     affine = fold_affine(graph, names, exclude=config.exclude)  # as the eval graph: the folded weight trains
     split_hard_swish(graph, config, names)  # as the eval graph: the gate trains on its deployed grid
