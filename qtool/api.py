@@ -152,7 +152,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         clock.lap("calibrate, encode and check (auto)")
     else:
         encoding, branches = _encode(prepared, found, data, calibration, given_all, progress, clock)
-        check = reference.check(prepared.model, calibration.method) if reference is not None else None
+        check = _check(reference, prepared.model, calibration.method, progress)
     warnings, notes = eval_messages(prepared, encoding, found, observed,
                                     list(data.ignored) if data is not None else [], branches)
     if check is not None:
@@ -248,6 +248,17 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         check.tried = tried
         check.tried_calibrated_on = observed.num_samples - reference.samples if held else None
     return prepared, found, encoding, branches, check
+
+
+def _check(reference, model, method: str, progress=None):
+    """The written ``model``'s outputs against ``reference`` (None: no check), told to a ``progress`` that hears
+    stages (an int8 run over the first samples: seconds on a large model)."""
+    if reference is None:
+        return None
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage("checking the int8 model against float", 0, 0)
+    return reference.check(model, method)
 
 
 def _worth_checking(prepared, data) -> bool:
