@@ -138,9 +138,10 @@ class Reference:
         if not _same_feed(feed, self.feeds[len(self._runs)]):
             self._runs = None
             return False
-        self._runs.append({name: np.array(value) for name, value in outputs.items()
+        last = len(self._runs) + 1 == len(self.feeds)  # read in place: only a subsample is kept (_joined)
+        self._runs.append({name: value if last else np.array(value) for name, value in outputs.items()
                            if np.asarray(value).dtype in _FLOAT})
-        if len(self._runs) < len(self.feeds):
+        if not last:
             return True
         self.outputs, self._runs = _joined(self._runs), []
         return False
@@ -187,7 +188,7 @@ def _joined(runs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     would be held through the whole rewrite)."""
     out = {}
     for name in runs[0]:
-        flat = np.concatenate([run[name].reshape(-1) for run in runs])
+        flat = np.concatenate([run[name].reshape(-1) for run in runs]) if len(runs) > 1 else runs[0][name].reshape(-1)
         out[name] = flat[::max(1, -(-flat.size // KEPT_VALUES))].copy()
     return out
 
