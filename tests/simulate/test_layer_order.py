@@ -1,7 +1,6 @@
 """simulate's attribution of an activation quantizer to a layer does not depend on where Python put the nodes
 in memory: a tensor read by several layers belongs, in the report, to the first of them in graph order."""
 
-import onnx_ir as ir
 from model_builders import Builder
 
 import qtool
