@@ -128,13 +128,15 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     opened.model = prepared.model  # a raised opset is a new model
     data = _load_data(calibration_data, opened)
     clock.lap("fold")
-    # the float model's outputs on the first batch, for the check of what is written (before any rewrite)
-    reference = output_reference(prepared.model, data, calibration.batch_size) if _worth_checking(prepared, data) \
-        else None
+    # the float model's outputs on the first batch, for the check of what is written (before any rewrite):
+    # the calibration pass computes them
+    reference = output_reference(data, calibration.batch_size) if _worth_checking(prepared, data) else None
     observed, ranges_from, given_all = None, None, None
     if data is not None:  # (all of the model's tensors may be inside If branches)
         held = len(reference.feeds) if auto and reference is not None else 0  # auto's check batches
-        observed, found = _observe(prepared, data, calibration, progress, held)
+        observed, found = _observe(prepared, data, calibration, progress, held,
+                                   reference.take if reference is not None else None)
+        reference = reference.finished(prepared.model) if reference is not None else None
     elif given is not None:
         label = "the ranges file" if isinstance(ranges, (str, os.PathLike)) else "the given ranges"
         given_all = _given_ranges(given, prepared)  # If branches' tensors too
@@ -150,7 +152,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         clock.lap("calibrate, encode and check (auto)")
     else:
         encoding, branches = _encode(prepared, found, data, calibration, given_all, progress, clock)
-        check = reference.check(prepared.model, calibration.method) if reference is not None else None
+        check = _check(reference, prepared.model, calibration.method, progress)
     warnings, notes = eval_messages(prepared, encoding, found, observed,
                                     list(data.ignored) if data is not None else [], branches)
     if check is not None:
@@ -248,6 +250,17 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
     return prepared, found, encoding, branches, check
 
 
+def _check(reference, model, method: str, progress=None):
+    """The written ``model``'s outputs against ``reference`` (None: no check), told to a ``progress`` that hears
+    stages (an int8 run over the first samples: seconds on a large model)."""
+    if reference is None:
+        return None
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage("checking the int8 model against float", 0, 0)
+    return reference.check(model, method)
+
+
 def _worth_checking(prepared, data) -> bool:
     """Calibration data, and something to quantize (an already quantized model is left as it is)."""
     return data is not None and (not prepared.plan.is_empty() or bool(if_branches(prepared.model.graph)))
@@ -313,15 +326,15 @@ def _rewrite_branch(extracted, capture, data, config: QuantConfig, calibration: 
     return result, ranges, samples
 
 
-def _observe(prepared, data, calibration: CalibrationConfig, progress=None, held_out: int = 0):
+def _observe(prepared, data, calibration: CalibrationConfig, progress=None, held_out: int = 0, outputs=None):
     """``(calibration result, ranges)`` of the tensors ``prepared``'s plan calibrates, observed on ``data``;
-    ``(None, {})`` when it calibrates none (its layers all inside If branches). ``held_out``: see
+    ``(None, {})`` when it calibrates none (its layers all inside If branches). ``held_out``, ``outputs``: see
     ``collect_ranges``."""
     tensors = prepared.tensors_to_calibrate()
     if not tensors:
         return None, {}
     observed = cal.collect_ranges(prepared.model, tensors, data, calibration, prepared.config, progress,
-                                  whole=prepared.whole_range_tensors(), held_out=held_out)
+                                  whole=prepared.whole_range_tensors(), held_out=held_out, outputs=outputs)
     return observed, observed.ranges
 
 

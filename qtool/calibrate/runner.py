@@ -22,6 +22,8 @@ from qtool.errors import QtoolError
 from qtool.model.session import TappedSession, session_options, tapped_session, value_map
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
+# (a batch, the model's outputs on it by name) -> whether the next batch's outputs are wanted too
+Outputs = Callable[[dict, dict[str, np.ndarray]], bool]
 
 
 @dataclass
@@ -73,17 +75,21 @@ def _options():
     return options
 
 
-def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: dict, number: int) -> None:
-    """Run one batch and hand each output to its observer.
+def _run_batch(session: TappedSession, names: list[str], feed: dict, observers: dict, number: int,
+               outputs: list[str] = (), give: Outputs | None = None) -> bool:
+    """Run one batch and hand each output to its observer; with ``give``, also compute the model's
+    ``outputs`` and hand them to it (returns what it returns: whether the next batch's are wanted).
 
     A function of its own so that no OrtValue outlives it: each OrtValue of
     ``run_with_ort_values`` keeps the whole output vector alive, so one left
     in a loop variable kept all of a batch's tapped outputs (1.1 GB at batch
     16 on ResNet-50) during the next batch's run, and peak memory doubled.
     """
-    outputs = session.run(feed, names, what=f"calibration batch {number}")
-    for name, value in zip(names, outputs):
-        observers[name].update(value.numpy())
+    extra = [name for name in outputs if name not in names] if give is not None else []
+    values = dict(zip(names + extra, session.run(feed, names + extra, what=f"calibration batch {number}")))
+    for name in names:
+        observers[name].update(values[name].numpy())
+    return give is not None and give(feed, {name: values[name].numpy() for name in outputs})
 
 
 def _one_sample_error(session: TappedSession, data: CalibrationData, feed: dict) -> QtoolError | None:
@@ -103,7 +109,8 @@ def _one_sample_error(session: TappedSession, data: CalibrationData, feed: dict)
 
 def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationData,
                    calibration: CalibrationConfig = CalibrationConfig(), quant: QuantConfig = QuantConfig(),
-                   progress: Progress | None = None, whole: Sequence[str] = (), held_out: int = 0) -> CalibrationResult:
+                   progress: Progress | None = None, whole: Sequence[str] = (), held_out: int = 0,
+                   outputs: Outputs | None = None) -> CalibrationResult:
     """Observe ``tensors`` of ``model`` over ``data`` with ``calibration.method``; returns their ranges.
     The tensors in ``whole`` (Softmax outputs: ``QuantPlan.whole_range_tensors``) are observed by
     min/max whatever the method: their largest values are the ones that matter.
@@ -111,7 +118,9 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
     ``held_out``: with the method ``auto``, the number of first batches its candidates can be checked on
     (``CandidatesObserver``). Tensors that are graph inputs are observed on the fed batches directly.
     The histogram searches quantize with ``quant``'s activation bits and
-    symmetry. Bad methods and options fail before anything runs.
+    symmetry. Bad methods and options fail before anything runs. ``outputs``: handed the model's outputs
+    on the first batches, for as long as it returns True (the float outputs ``rewrite_eval`` checks its
+    model against, with no run of their own).
     """
     method, batch_size = calibration.method, calibration.batch_size
     options = calibration.method_options(quant)
@@ -128,6 +137,7 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
     from_outputs = [t for t in tensors if not values[t].is_graph_input()]
     total = data.num_samples
     batches = 0
+    model_outputs = [v.name for v in model.graph.outputs]
     if from_outputs or from_inputs:
         session = (tapped_session(model, [values[t] for t in from_outputs], options=_options(),
                                   what="the model for calibration") if from_outputs else None)
@@ -139,7 +149,8 @@ def collect_ranges(model: ir.Model, tensors: Sequence[str], data: CalibrationDat
                 observers[name].update(np.asarray(feed[name]))
             if session is not None:
                 try:
-                    _run_batch(session, from_outputs, feed, observers, batches + 1)
+                    outputs = outputs if _run_batch(session, from_outputs, feed, observers, batches + 1,
+                                                    model_outputs, outputs) else None
                 except QtoolError as exc:
                     hint = _one_sample_error(session, data, feed) if batches == 0 else None
                     if hint is None:

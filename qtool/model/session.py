@@ -2,7 +2,9 @@
 
 The weights are not serialized: the proto carries placeholders and
 onnxruntime gets the tensors as OrtValues over the arrays qtool already holds
-(memory-mapped for external data), so no copy and no 2 GB limit. Every
+(memory-mapped for external data), so no serialized copy and no 2 GB limit
+(onnxruntime 1.32 still copies them into the session when it creates it: +2.26 GB
+for a 2.4 GB model, docs/rewrite-eval.md, Large models). Every
 feature that runs a model (calibration, simulation) builds its session here.
 """
 

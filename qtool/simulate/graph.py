@@ -591,8 +591,8 @@ def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
     codes); one that no layer reads directly (before a pool, an Add, a graph
     output) belongs to the layer before it.
     """
-    layers = {id(n) for n in quantized.layers()}
-    owned: dict[int, set[str]] = {k: set() for k in layers}
+    owned: dict[int, set[str]] = {id(n): set() for n in quantized.layers()}  # in graph order, not by address
+    layers = owned.keys()
     for act in quantized.activations:
         readers = [u for u, i in _uses(act.output) if id(u) in layers and i == 0]
         if readers:

@@ -113,9 +113,10 @@ def _number(db):
 class Reference:
     """The float model's outputs on the first calibration samples (:data:`CHECK_SAMPLES`, in the data's
     batches: a model exported for batch 1 runs several), taken before the rewrite changes it
-    (:func:`reference`)."""
+    (:func:`reference`). The calibration pass computes them on its first batches (:meth:`take`, no run of
+    its own); :meth:`finished` runs the float model on the batches it did not give."""
 
-    def __init__(self, model: ir.Model, data: CalibrationData, batch_size: int):
+    def __init__(self, data: CalibrationData, batch_size: int):
         self.feeds, self.samples = [], 0
         batches = data.batches(batch_size)
         try:
@@ -126,8 +127,36 @@ class Reference:
                     break
         finally:
             batches.close()
-        session = tapped_session(model, [], what="the float model")
-        self.outputs = _outputs(session, self.feeds, "the float model", float_only=True)
+        self.outputs: dict[str, np.ndarray] | None = None
+        self._runs: list[dict[str, np.ndarray]] | None = []  # None: the batches taken were not these
+
+    def take(self, feed: dict, outputs: dict) -> bool:
+        """The float model's ``outputs`` (name -> array, in the graph's order) on the calibration batch ``feed``,
+        which must be the next of :attr:`feeds`. Returns whether the next batch's are wanted too."""
+        if self.outputs is not None or self._runs is None:
+            return False
+        if not _same_feed(feed, self.feeds[len(self._runs)]):
+            self._runs = None
+            return False
+        last = len(self._runs) + 1 == len(self.feeds)  # read in place: only a subsample is kept (_joined)
+        self._runs.append({name: value if last else np.array(value) for name, value in outputs.items()
+                           if np.asarray(value).dtype in _FLOAT})
+        if not last:
+            return True
+        self.outputs, self._runs = _joined(self._runs), []
+        return False
+
+    def finished(self, model: ir.Model) -> Reference | None:
+        """This reference, after running the float ``model`` on :attr:`feeds` if :meth:`take` did not give
+        every output; None when the float model does not run on them (the calibration says why)."""
+        if self.outputs is None:
+            self._runs = []
+            try:
+                session = tapped_session(model, [], what="the float model")
+                self.outputs = _outputs(session, self.feeds, "the float model", float_only=True)
+            except QtoolError:
+                return None
+        return self
 
     def check(self, model: ir.Model, method: str) -> OutputCheck:
         """The written ``model``'s outputs on the same samples, against the float ones (``method``: how
@@ -141,25 +170,34 @@ class Reference:
                                           if name in values}, method=method)
 
 
+def _same_feed(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
 def _outputs(session, feeds: list[dict], what: str, float_only: bool = False) -> dict[str, np.ndarray]:
-    """Each output over ``feeds``, flattened and joined (batches of a batch-1 export may differ in size);
+    """Each output over ``feeds`` (:func:`_joined`)."""
+    runs = [dict(zip(session.outputs, (v.numpy() for v in session.run(feed, what=what)))) for feed in feeds]
+    if float_only:
+        runs = [{name: a for name, a in run.items() if a.dtype in _FLOAT} for run in runs]
+    return _joined(runs)
+
+
+def _joined(runs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each output over the runs, flattened and joined (batches of a batch-1 export may differ in size);
     one value in every k of an output larger than :data:`KEPT_VALUES` (a segmentation map of 16 samples
     would be held through the whole rewrite)."""
-    runs = [[v.numpy() for v in session.run(feed, what=what)] for feed in feeds]
     out = {}
-    for i, name in enumerate(session.outputs):
-        arrays = [run[i] for run in runs]
-        if float_only and arrays[0].dtype not in _FLOAT:
-            continue
-        flat = np.concatenate([a.reshape(-1) for a in arrays])
+    for name in runs[0]:
+        flat = np.concatenate([run[name].reshape(-1) for run in runs]) if len(runs) > 1 else runs[0][name].reshape(-1)
         out[name] = flat[::max(1, -(-flat.size // KEPT_VALUES))].copy()
     return out
 
 
-def reference(model: ir.Model, data: CalibrationData, batch_size: int) -> Reference | None:
-    """The float outputs to check the rewrite against; None when the model does not run on the batch (the
-    calibration that follows says why, with its own advice)."""
+def reference(data: CalibrationData, batch_size: int) -> Reference | None:
+    """The batches to check the rewrite on, to be filled with the float model's outputs
+    (:meth:`Reference.take`, :meth:`Reference.finished`); None when they cannot be read (the calibration that
+    follows says why)."""
     try:
-        return Reference(model, data, batch_size)
+        return Reference(data, batch_size)
     except QtoolError:
         return None

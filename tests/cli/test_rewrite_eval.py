@@ -9,7 +9,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from cli_helpers import MODEL, invoke
+from cli_helpers import CALIB, MODEL, invoke
 
 from qtool.cli import main
 
@@ -192,3 +192,14 @@ def test_debug_shows_the_traceback(work):
     result = CliRunner().invoke(main, ["--debug", "rewrite-eval", str(work / "nope.onnx"), "-o", str(work / "o.onnx")])
     assert result.exit_code != 0
     assert result.exception is not None and "does not exist" in str(result.exception)
+
+
+def test_progress_names_the_check_of_the_written_model(tmp_path):
+    """After the calibration bar, the int8 run over the first samples (seconds on a large model) is a stage
+    of its own, not a wait in silence."""
+    result = invoke("rewrite-eval", str(MODEL), "-o", str(tmp_path / "q.onnx"), "--data", str(CALIB))
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 0
+    assert lines[:2] == ["qtool rewrite-eval: calibrating (100 samples)",
+                         "qtool rewrite-eval: checking the int8 model against float"]
+    assert lines[2].startswith("qtool rewrite-eval: done in ") and "checking the int8 model against float" in lines[2]

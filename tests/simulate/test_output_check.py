@@ -9,6 +9,8 @@ from model_builders import Builder, x_data
 
 import qtool
 from qtool.config import CalibrationConfig
+from qtool.data import input_specs, load_calibration_data
+from qtool.model.io import as_ir_model
 from qtool.simulate.output_check import WARN_DB, sqnr_db
 
 
@@ -157,3 +159,23 @@ def test_an_output_with_no_signal_is_not_called_exact():
     check = result.to_dict()["output_check"]
     assert check["sqnr_db"] == {} and len(check["no_signal"]) == 1
     assert any("nothing to check the int8 model against" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("batch_size", [16, 4])
+def test_the_float_outputs_come_from_the_calibration_pass_not_a_run_of_their_own(monkeypatch, batch_size):
+    """The check's float outputs are the calibration pass's (its first batches, up to 16 samples): two
+    sessions (calibration, the written model) where a third ran the float model again; the SQNR is the one a
+    float run of its own gives."""
+    from qtool.simulate import output_check
+    made = []
+    real = output_check.tapped_session
+    monkeypatch.setattr(output_check, "tapped_session", lambda *a, **k: made.append(k.get("what")) or real(*a, **k))
+    x, model = {"x": x_data(24, 4, 12, 12)}, convnet()
+    result = qtool.rewrite_eval(model, calibration_data=x, calibration=CalibrationConfig(batch_size=batch_size))
+    assert made == ["the written model"]
+    float_model = as_ir_model(model)
+    reference = output_check.reference(load_calibration_data(x, input_specs(float_model)), batch_size)
+    assert len(reference.feeds) == 16 // batch_size
+    check = reference.finished(float_model).check(result.model, "minmax")
+    assert made[1:] == ["the float model", "the written model"]
+    assert result.output_check.sqnr_db == pytest.approx(check.sqnr_db, abs=1e-9)
