@@ -137,3 +137,27 @@ def _create(source, options: ort.SessionOptions, what: str) -> ort.InferenceSess
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
         raise QtoolError(f"onnxruntime cannot run {what}: {first_line(exc)}") from exc
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: the kernel's ``MemAvailable``, within a cgroup (v2) limit when
+    one is set; None where neither can be read (not Linux)."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            found.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None

@@ -26,6 +26,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
+from qtool.model.session import available_memory
 from qtool.simulate import inputs, latency
 from qtool.simulate.compare import (
     Batch,
@@ -58,6 +59,8 @@ class _Totals:
     varying: bool = False  # the output's values per sample differ between batches (a folder's shapes): no classes
     uneven: bool = False  # its top-1 places per sample differ between batches (tokens of a folder's lengths)
     seconds: dict[str, float] = field(default_factory=dict)
+    batch_size: int | None = None  # the batches the pass ran in (smaller than asked where memory is short)
+    memory_note: str | None = None  # why the batches are smaller than asked
 
 
 def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | None = None,
@@ -108,14 +111,14 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     has_labels = labels is not None
     predictions = totals.predictions
     return SimulateResult(
-        model=f.label, data=dataset.source or "<data>", samples=totals.samples, batch_size=config.batch_size,
+        model=f.label, data=dataset.source or "<data>", samples=totals.samples, batch_size=totals.batch_size or config.batch_size,
         output=output, output_kind="classes" if classes else "values", batch_axis=config.axis_for(output),
         labels=config.labels, calibration=calibration,
         float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
         float_correct=totals.correct if has_labels and classes else None,
         models=[a.result(max(predictions, 1), has_labels, classes) for a in accs],
         class_axis=config.class_axis, positions=None if totals.uneven else layout.positions, predictions=predictions,
-        latency=None if timed is None else timed.to_dict(),
+        latency=None if timed is None else timed.to_dict(), memory_note=totals.memory_note,
         notes=notes, seconds=round(time.perf_counter() - start, 3), stage_seconds=totals.seconds,
     )
 
@@ -147,7 +150,8 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
     axis = config.axis_for(output)
     _stage(progress, "evaluating", 0, dataset.num_samples)
     try:
-        for number, feed in enumerate(dataset.batches(config.batch_size), start=1):
+        totals.batch_size = _fitted_batch(runners, dataset, config.batch_size, totals, available_memory())
+        for number, feed in enumerate(dataset.batches(totals.batch_size), start=1):
             batch = _float_batch(runner, number, feed, dataset.samples_in(feed), labels, axis, totals, config)
             for acc in accs:
                 acc.update(batch)
@@ -156,6 +160,32 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
     finally:
         for r in runners:
             r.close()
+
+
+# One sample's tensors, held at once: those read from the float model and from one quantized model, and as much
+# again for onnxruntime's own while a model runs. A batch takes at most this share of the memory available.
+MEMORY_SHARE = 0.6
+
+
+def _fitted_batch(runners, dataset, batch_size: int, totals: _Totals, available: int | None) -> int:
+    """``batch_size``, or fewer samples where one sample's tensors (measured on the first sample: the float model's
+    and the largest quantized model's, twice) would not fit in ``available`` bytes: simulate reads every compared
+    tensor of a batch, and a batch past the memory was killed by the system with no message (LYT-Net: 0.57 GB
+    a frame)."""
+    if batch_size <= 1 or available is None:
+        return batch_size
+    feed = {k: np.ascontiguousarray(v) for k, v in _first_sample(dataset).items()}
+    held = []
+    for r in runners:
+        out, extra = r.run(feed, 1)
+        held.append(out.nbytes + sum(v.nbytes for v in extra.values()))
+    per_sample = 2 * (held[0] + max(held[1:], default=0)) / max(dataset.samples_in(feed), 1)
+    fits = max(1, int(MEMORY_SHARE * available // max(per_sample, 1)))
+    if fits >= batch_size:
+        return batch_size
+    totals.memory_note = (f"batches of {fits} sample(s), not {batch_size}: one sample's compared tensors take "
+                          f"{per_sample / 2**30:.2f} GB, {available / 2**30:.1f} GB is available (--batch-size)")
+    return fits
 
 
 def _float_batch(runner, number: int, feed: dict, n: int, labels, axis: int, totals: _Totals,

@@ -244,10 +244,15 @@ def _costly_layers(model: dict) -> list[str]:
     return parts
 
 
+def _notes(report: dict) -> list[str]:
+    """The report's notes, with why the batches were smaller than asked (memory) first."""
+    return ([report["memory_note"]] if report.get("memory_note") else []) + report["notes"]
+
+
 def _contents(report: dict) -> list[str]:
     items = [("models", "Models")] + [(f"model-{i}", f"{m['name']}: where the error comes from")
                                       for i, m in enumerate(report["models"])]
-    items += [("notes", "Notes")] if report["notes"] else []
+    items += [("notes", "Notes")] if _notes(report) else []
     items.append(("how-to-read", "How to read this"))
     links = "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for a, t in items)
     return [f'<nav id="contents"><h2>Contents</h2><ol>{links}</ol></nav>']
@@ -339,9 +344,9 @@ def render_html(report: dict) -> str:
         parts.append(f'<section id="model-{i}"><h2>{esc(m["name"])}: where the error comes from</h2>')
         parts += [f'<div class="note">{esc(n)}</div>' for n in m["notes"]]
         parts += _activations(plt, m) + _weights_and_sensitivity(plt, m) + ["</section>"]
-    if report["notes"]:
+    if _notes(report):
         parts.append('<section id="notes"><h2>Notes</h2>')
-        parts += [f'<div class="note">{esc(n)}</div>' for n in report["notes"]] + ["</section>"]
+        parts += [f'<div class="note">{esc(n)}</div>' for n in _notes(report)] + ["</section>"]
     parts.append('<section id="how-to-read"><h2>How to read this</h2><ul>')
     parts += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in report["conventions"].items()]
     parts.append("</ul></section></body></html>")

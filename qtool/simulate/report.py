@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 
 from qtool.model.io import write_text
 
@@ -136,6 +137,8 @@ def _header(report: dict, width: int) -> list[str]:
     lines = [ellipsize(f"qtool simulate: {report['model']}", width),
              ellipsize(f"  data: {report['data']}", width),
              f"  {report['samples']} samples, output '{report['output']}'{kind}{labels}"]
+    if report.get("memory_note"):
+        lines += textwrap.wrap(report["memory_note"], width, initial_indent="  ", subsequent_indent="    ")
     cal = report.get("calibration")
     if cal and cal.get("on_evaluation_data"):
         lines.append("  calibration: ON THE EVALUATION DATA ITSELF: accuracy is optimistic")

@@ -281,6 +281,7 @@ class SimulateResult:
     positions: int | None = 1  # top-1 predictions per sample (None: they differ, samples of different shapes)
     predictions: int | None = None  # top-1 predictions in all (samples x positions)
     latency: dict | None = None  # one-thread batch-1 timings (latency.Latency.to_dict), when asked
+    memory_note: str | None = None  # the batches were made smaller than asked to fit in memory: why
 
     def to_dict(self) -> dict:
         """The report as plain Python values (``inf``/``nan`` kept as floats; :meth:`write_json` writes them as strings)."""
@@ -296,6 +297,7 @@ class SimulateResult:
             "seconds": self.seconds,
             "stage_seconds": dict(self.stage_seconds),
             "latency": self.latency,
+            "memory_note": self.memory_note,
             "conventions": CONVENTIONS,
         }
 

@@ -131,6 +131,23 @@ def test_a_data_file_is_read_as_batches_are_fed_not_whole(q8, monkeypatch):
     assert streamed["models"] == in_memory["models"] and streamed["models"][0]["accuracy"] > 0.9
 
 
+def test_batches_shrink_to_fit_the_memory_and_say_so(q8, monkeypatch):
+    """simulate reads every compared tensor of a batch: a batch past the memory was killed by the system with no
+    message (LYT-Net, 0.57 GB of tensors a frame, at the default 16). One sample's tensors are measured first and
+    the batches made to fit; the report says so, and its numbers are those of the batches asked for."""
+    config = SimulateConfig(labels="labels", quantized=[q8], batch_size=64)
+    asked = simulate(MODEL, EVAL, config)
+    assert asked.batch_size == 64 and asked.memory_note is None
+    monkeypatch.setattr("qtool.simulate.core.available_memory", lambda: 2_000_000)  # about 2 MB free
+    fitted = simulate(MODEL, EVAL, config)
+    assert 1 <= fitted.batch_size < 64
+    assert fitted.memory_note.startswith(f"batches of {fitted.batch_size} sample(s), not 64")
+    assert "--batch-size" in fitted.memory_note and fitted.memory_note.split(",")[0] in fitted.format_text()
+    (a,), (f,) = asked.to_dict()["models"], fitted.to_dict()["models"]
+    assert (f["accuracy"], f["correct"], f["agreement"]) == (a["accuracy"], a["correct"], a["agreement"])
+    assert f["output"]["sqnr_db"] == pytest.approx(a["output"]["sqnr_db"], rel=1e-4)  # sums over other batches
+
+
 # --- bad input: one clear QtoolError ------------------------------------------------------------------
 
 
