@@ -380,7 +380,7 @@ def _open_graph(model, config: FinetuneConfig, notes: list[str]) -> _Graph:
         notes.append("symmetric ranges: activation ranges follow their moving average only (not trained)")
     if roles.freeze_bn_delay is None and contract.get("batch_norms"):
         notes.append("the graph never freezes its batch norms (rewrite-train without --freeze-bn-delay): training "
-                     "uses batch statistics, validation too")
+                     "uses batch statistics, validation too (in batches of at most the training batch size)")
     return _Graph(label, ir_model, contract, interp, roles, train_ranges)
 
 
