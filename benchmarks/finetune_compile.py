@@ -14,8 +14,8 @@ compiled program's CPU seconds per call (median of ``--runs``), StableHLO ops, o
 (repeatable) passes XLA debug options to this compile (``xla_backend_optimization_level=0``,
 ``xla_cpu_use_fusion_emitters=false``, ...). A training step run in segments (a graph of more than
 ``qtool.finetune.segmented.SEGMENT_NODES`` nodes; ``--segment-nodes N`` sets it, 0 for one program) is many
-programs: its ``trace_compile_cpu_s`` is the first call's process CPU less a later call's (tracing, the abstract
-pass over the segments, every segment's compile)::
+programs, and so are its teacher and validation forward: their ``trace_compile_cpu_s`` is the first call's process
+CPU less a later call's (tracing, the abstract pass over the segments, every segment's compile)::
 
     python benchmarks/finetune_compile.py model.qat.onnx calib.npz [--batch-size 8] [--programs train eval teacher]
         [--compiler-option xla_cpu_use_fusion_emitters=false] [--segment-nodes 1000]
@@ -48,7 +48,6 @@ def _option(text: str):
 
 def measure(model: str, data: str, program: str, batch_size: int, options: dict, runs: int,
             segment_nodes: int | None) -> dict:
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -63,22 +62,18 @@ def measure(model: str, data: str, program: str, batch_size: int, options: dict,
     graph = T._open_graph(model, config, [])
     train, _, _ = T._open_data(data, config, graph)
     run = T._build_run(graph, config, 0, train.fixed)
-    fixed = train.fixed  # inputs without a batch axis: constants of the compiled programs
     batch = train.feed(np.arange(T._batch_size(config, train, [])))
-    forward, outputs = run.forward, run.roles.data_outputs
-    step = jnp.int32(T._TEACHER_STEP)
     if program == "train":
         fn = run.train_step
         hyper = T._schedule(1e-4, config.steps, 0, config.schedule)
         args = (run.params0, run.state0, run.opt_state, run.teacher_feed, batch, None, jnp.int32(0), hyper)
-        if not hasattr(fn, "lower"):  # the segmented step: its programs compile at the first call
-            return _measure_calls(fn, args, runs, len(segmented.split(graph.interp.nodes)))
     elif program == "teacher":
-        fn = jax.jit(lambda feed, b: [forward(feed, {**b, **fixed}, step, False)[o] for o in outputs])
-        args = (run.teacher_feed, batch)
-    else:
-        fn = jax.jit(lambda p, s, b: [forward({**s, **p}, {**b, **fixed}, step, True)[o] for o in outputs])
-        args = (run.params0, run.state0, batch)
+        fn, args = run.teacher, (run.teacher_feed, batch)
+    else:  # the validation's (as finetune builds it)
+        fn = T._outputs_fn(run.forward, True, T._TEACHER_STEP, run.roles.data_outputs, train.fixed)
+        args = ({**run.state0, **run.params0}, batch)
+    if not hasattr(fn, "lower"):  # segmented: its programs compile at the first call
+        return _measure_calls(program, fn, args, runs, len(segmented.split(graph.interp.nodes)))
     c0, t0 = time.process_time(), time.perf_counter()
     lowered = fn.lower(*args)
     lower_s, lower_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -109,15 +104,15 @@ def _median_cpu(fn, args, runs: int) -> float:
     return statistics.median(seconds)
 
 
-def _measure_calls(fn, args, runs: int, segments: int) -> dict:
-    """A step that is not one program: the first call's process CPU (compiles and one run) and later calls'."""
+def _measure_calls(program: str, fn, args, runs: int, segments: int) -> dict:
+    """A program run in segments: the first call's process CPU (compiles and one run) and later calls'."""
     import jax
 
     c0, t0 = time.process_time(), time.perf_counter()
     jax.block_until_ready(fn(*args))
     first_s, first_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     run_cpu_s = _median_cpu(fn, args, runs)
-    return {"program": "train", "segments": segments, "first_call_s": round(first_s, 1),
+    return {"program": program, "segments": segments, "first_call_s": round(first_s, 1),
             "trace_compile_cpu_s": round(first_cpu_s - run_cpu_s, 1), "run_cpu_s": round(run_cpu_s, 4),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 

@@ -15,6 +15,9 @@ and each segment is a jitted function of the values it reads from the segments b
   abstract pass over the segments (``jax.eval_shape``) finds them, once per input shape.
 
 Each segment is compiled alone, so the compile's peak memory is that of the largest segment, not of the graph.
+A graph with no feed to differentiate (``diff_from`` empty: the teacher, the validation forward) runs forward
+only: no residuals are kept, and a value no later segment reads is dropped after the segment that made it, so
+its memory is one segment's buffers plus the values crossing to the next.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ class SegmentedGraph:
         wanted values known on the host."""
         traced = {n: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for n, v in feeds.items()
                   if not isinstance(v, np.ndarray)}
-        key = tuple(sorted((n, a.shape, str(a.dtype)) for n, a in traced.items()))
+        key = (tuple(sorted((n, a.shape, str(a.dtype)) for n, a in traced.items())),  # the host constants too:
+               tuple(sorted((n, v.shape, str(v.dtype), v.tobytes()) for n, v in feeds.items() if n not in traced)))
         if key not in self.plans:
             known = {n: v for n, v in self.interp.initializers.items() if n not in traced}
             known.update((n, v) for n, v in feeds.items() if n not in traced)
@@ -144,6 +148,9 @@ class SegmentedGraph:
         segment.diff_in = tuple(n for n in segment.inputs if n in diff and _is_float(avals[n]))
         segment.diff_out = tuple(n for n, a in segment.outputs.items() if n in diff and _is_float(a))
         diff_out, shapes = segment.diff_out, segment.outputs
+        if not self.diff_from:  # forward only: no vjp, no residuals
+            segment.fwd = jax.jit(lambda d, rest: ({}, None, run(rest)))
+            return
 
         def fwd(d, rest):
             def f(dd):
@@ -162,12 +169,11 @@ class SegmentedGraph:
         (zeros for a feed no value depends on)."""
         segments, constants = self.plan(feeds)
         values, vjps = {**constants, **feeds}, []
-        for segment in segments:
+        for segment, read_after in zip(segments, self.read_after):
             diff = {n: values[n] for n in segment.diff_in}
             rest = {n: values[n] for n in segment.inputs if n not in diff}
             outs, vjp, aux = segment.fwd(diff, rest)
-            values.update(outs)
-            values.update(aux)
+            values = {n: v for n, v in {**values, **outs, **aux}.items() if n in read_after}  # (the vjp holds its own)
             vjps.append(vjp)
 
         def backward(cotangents: dict) -> dict:
@@ -182,3 +188,7 @@ class SegmentedGraph:
             return {n: cots[n] if n in cots else jnp.zeros_like(feeds[n]) for n in self.diff_from}
 
         return {n: values[n] for n in self.wanted}, backward
+
+    def forward(self, feeds: dict) -> dict:
+        """Every wanted value (built with no ``diff_from``: forward only)."""
+        return self.forward_vjp(feeds)[0]

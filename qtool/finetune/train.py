@@ -108,6 +108,10 @@ class _Data:
 _MANY_SHAPES = 4  # more shape groups than this: a note on the compiles they cost
 
 
+def _same_arrays(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(v, b[k]) for k, v in a.items())
+
+
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
 
     try:
@@ -128,8 +132,7 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
             for group in groups:
                 group.labels = None
     fixed = [{k: v for k, v in g.inputs.items() if data.specs[k].batch_axis is None} for g in groups]
-    if any(f.keys() != fixed[0].keys() or any(not np.array_equal(v, fixed[0][k]) for k, v in f.items())
-           for f in fixed):
+    if not all(_same_arrays(f, fixed[0]) for f in fixed):
         raise QtoolError(f"{what} data '{data.source}': the inputs without a batch axis "
                          f"({', '.join(fixed[0])}) differ between its files; fine-tuning compiles them as constants: "
                          "give files with the same values")
@@ -377,7 +380,7 @@ def _open_graph(model, config: FinetuneConfig, notes: list[str]) -> _Graph:
         notes.append("symmetric ranges: activation ranges follow their moving average only (not trained)")
     if roles.freeze_bn_delay is None and contract.get("batch_norms"):
         notes.append("the graph never freezes its batch norms (rewrite-train without --freeze-bn-delay): training "
-                     "uses batch statistics, validation too")
+                     "uses batch statistics, validation too (in batches of at most the training batch size)")
     return _Graph(label, ir_model, contract, interp, roles, train_ranges)
 
 
@@ -432,6 +435,8 @@ class _Run:
     forward: Callable  # (feed, batch, step, quantized) -> every graph output
     opt_state: object
     train_step: Callable  # jitted (params, state, opt_state, teacher_feed, batch, labels, step, hyper)
+    fixed: dict  # the training data's inputs without a batch axis (constants of the compiled programs)
+    teacher: Callable  # (teacher_feed, batch) -> the float teacher's data outputs (see _outputs_fn)
 
     @property
     def steps_run(self) -> int:
@@ -443,8 +448,10 @@ def _build_run(graph: _Graph, config: FinetuneConfig, start_step: int, fixed: di
     forward = _forward_fn(graph)
     optimizer = _optimizer()
     opt_state = optimizer.init(params0)
-    train_step = _train_step_fn(forward, graph.roles, config, optimizer, fixed, frozenset(params0))
-    return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, opt_state, train_step)
+    teacher = _outputs_fn(forward, False, _TEACHER_STEP, graph.roles.data_outputs, fixed)
+    train_step = _train_step_fn(forward, graph.roles, config, optimizer, fixed, frozenset(params0), teacher)
+    return _Run(config, graph.roles, start_step, params0, state0, teacher_feed, forward, opt_state, train_step, fixed,
+                teacher)
 
 
 def _optimizer():
@@ -508,6 +515,23 @@ def _forward_fn(graph: _Graph) -> _Forward:
                     _moving_average_inputs(graph.interp, roles), trainable)
 
 
+def _outputs_fn(forward: _Forward, quantized: bool, step: int, outputs: list, fixed: dict) -> Callable:
+    """(feed, batch) -> the graph's ``outputs`` at the global ``step``, with no gradient (the teacher, the validation
+    forward): one jitted program, or for a graph of more than ``SEGMENT_NODES`` nodes its segments run forward
+    only, each compiled alone (:mod:`qtool.finetune.segmented`). ``fixed``: constants of the compiled programs."""
+    chunks = split(forward.interp.nodes)
+    if len(chunks) == 1:
+        return jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(step), quantized)[o]
+                                            for o in outputs])
+    graph = SegmentedGraph(forward.interp, chunks, forward.options(quantized), outputs, frozenset())
+
+    def run(feed, batch):
+        values = graph.forward(forward.feeds(feed, {**batch, **fixed}, jnp.int32(step)))
+        return [values[o] for o in outputs]
+
+    return run
+
+
 def _moving_average_inputs(interp, roles: _Roles) -> frozenset:
     """The batch ranges the activation ranges' moving averages read (``<q>/AssignMinEma/delta`` is
     ``Sub(<q>/min, batch range)``; ``<q>/AssignMinEma`` is ``Sub(<q>/min, Mul(delta, decay))``): their
@@ -537,15 +561,16 @@ def _all_nodes(nodes):
 
 
 def _train_step_fn(forward: _Forward, roles: _Roles, config: FinetuneConfig, optimizer, fixed: dict,
-                   trained: frozenset) -> Callable:
+                   trained: frozenset, teacher: Callable) -> Callable:
     """The training step: teacher, loss and gradients, the optimizer's update, the next state; one jitted
     program, or for a graph of more than ``SEGMENT_NODES`` nodes the graph's segments jitted one by one
-    (:mod:`qtool.finetune.segmented`). ``fixed``: the data's inputs without a batch axis, constants of the
-    compiled step; ``trained``: the names of the parameters (the optimizer's)."""
+    (:mod:`qtool.finetune.segmented`; ``teacher``, segmented too, runs before them). ``fixed``: the data's inputs
+    without a batch axis, constants of the compiled step; ``trained``: the names of the parameters (the
+    optimizer's)."""
     loss_of, update = _loss_fn(roles, config), _update_fn(roles, optimizer)
     chunks = split(forward.interp.nodes)
     if len(chunks) > 1:
-        return _segmented_step_fn(forward, roles, chunks, loss_of, update, fixed, trained)
+        return _segmented_step_fn(forward, roles, chunks, loss_of, update, fixed, trained, teacher)
     data_outputs = roles.data_outputs
 
     def loss_fn(params, state, batch, labels, step, teacher_out):
@@ -567,14 +592,13 @@ def _train_step_fn(forward: _Forward, roles: _Roles, config: FinetuneConfig, opt
 
 
 def _segmented_step_fn(forward: _Forward, roles: _Roles, chunks: list, loss_of: Callable, update: Callable,
-                       fixed: dict, trained: frozenset) -> Callable:
+                       fixed: dict, trained: frozenset, teacher: Callable) -> Callable:
     """The training step of :func:`_train_step_fn` with the student's forward and backward run segment by
-    segment; the teacher, the loss's gradient and the update are jitted programs of their own."""
+    segment; the teacher (its segments forward only), the loss's gradient and the update are programs of their
+    own."""
     data_outputs = roles.data_outputs
     wanted = list(dict.fromkeys(data_outputs + list(roles.state.values())))
     student = SegmentedGraph(forward.interp, chunks, forward.options(True), wanted, trained)
-    teacher = jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(_TEACHER_STEP), False)[o]
-                                           for o in data_outputs])
     loss_grad = jax.jit(jax.value_and_grad(loss_of))
     update = jax.jit(update)
 
@@ -640,7 +664,7 @@ class _Validator:
     val: _Data
     metric_name: str
     eval_batch: int
-    eval_outputs: Callable  # jitted (params, state, batch) -> the quantized data outputs
+    eval_outputs: Callable  # (params, state, batch) -> the quantized data outputs (see _outputs_fn)
     teacher_cache: list  # the teacher's data outputs, one list per validation batch
 
     def batches(self):
@@ -675,38 +699,35 @@ class _Validator:
 
 
 def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
-    """The validator, validating in batches of the model's fixed batch size, or of one sample when training
-    takes one at a time (a model that declares a free batch axis but runs one sample: khmersm), else of up to
-    256 samples."""
+    """The validator, validating in batches of the model's fixed batch size, else of at most the training batch
+    size (one sample when training takes one at a time: a model that declares a free batch axis but runs one
+    sample, khmersm): its memory is a training batch's, and where the graph never freezes its batch norms the
+    validation normalizes over batches of the size training does. The teacher and the validation forward are
+    segmented as the training step is (a graph of more than ``SEGMENT_NODES`` nodes); the teacher is the training
+    step's own where the data's fixed inputs are the same (its compiled segments serve both)."""
     forward, data_outputs, roles = run.forward, run.roles.data_outputs, run.roles
     eval_step_value = max(run.start_step, roles.quant_delay, roles.freeze_bn_delay or 0, _TEACHER_STEP)
 
     # validation computes what rewrite-eval deploys: the stored ranges, not ranges moved by this batch
     held = {} if roles.range_update is None else {roles.range_update: jnp.float32(0.0)}
-
-    fixed = val.fixed  # constants of the compiled functions (the data's inputs without a batch axis)
-
-    def eval_outputs(params, state, batch):
-        q = forward({**state, **params, **held}, {**batch, **fixed}, jnp.int32(eval_step_value), True)
-        return [q[o] for o in data_outputs]
-
-    eval_jit = jax.jit(eval_outputs)
-    teacher_jit = jax.jit(lambda feed, batch: [forward(feed, {**batch, **fixed}, jnp.int32(_TEACHER_STEP), False)[o]
-                                                for o in data_outputs])
+    quantized = _outputs_fn(forward, True, eval_step_value, data_outputs, val.fixed)
+    teacher = run.teacher if _same_arrays(val.fixed, run.fixed) else _outputs_fn(forward, False, _TEACHER_STEP,
+                                                                                   data_outputs, val.fixed)
     metric_name = "accuracy" if val.has_labels else "sqnr_db"
-    eval_batch = val.fixed_batch or (1 if batch_size == 1 else _even_batch(max(g.num for g in val.groups)))
-    validator = _Validator(val, metric_name, eval_batch, eval_jit, [])
+    eval_batch = val.fixed_batch or _even_batch(max(g.num for g in val.groups), batch_size)
+    validator = _Validator(val, metric_name, eval_batch,
+                           lambda params, state, batch: quantized({**state, **params, **held}, batch), [])
     try:
-        validator.teacher_cache = [teacher_jit(run.teacher_feed, b) for _, b in validator.batches()]
+        validator.teacher_cache = [teacher(run.teacher_feed, b) for _, b in validator.batches()]
     except QtoolError as exc:
-        raise _one_sample_error(lambda b: teacher_jit(run.teacher_feed, b), val, eval_batch) or exc
+        raise _one_sample_error(lambda b: teacher(run.teacher_feed, b), val, eval_batch) or exc
     return validator
 
 
-def _even_batch(num: int, most: int = 256) -> int:
+def _even_batch(num: int, most: int) -> int:
     """Validation batches of up to ``most`` samples, all of one size where ``num`` has a divisor from ``most / 2``
-    to ``most`` (500 samples: 2 x 250, not 256 + 244): each batch size is a compile of the validation and the
-    teacher."""
+    to ``most`` (500 samples at most 256: 2 x 250, not 256 + 244): each batch size is a compile of the validation
+    and the teacher."""
     if num <= most:
         return num
     return next((d for d in range(most, most // 2 - 1, -1) if num % d == 0), most)

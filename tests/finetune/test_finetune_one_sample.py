@@ -1,7 +1,8 @@
 """A model whose input declares a free batch axis but whose graph runs one sample (khmersm's transformer, a
 PyTorch export with a Reshape to a batch of 1): ``finetune --batch-size 1`` trains and validates it one sample
 at a time, and a larger batch is a one-line error that says so (it was a Reshape failure deep in the
-interpreter, and no batch size worked: validation ran in batches of up to 256 whatever the training batch)."""
+interpreter, and no batch size worked: validation ran in batches of up to 256 whatever the training batch; it now
+runs in batches of at most the training batch size, here 6 samples as 2 x 3)."""
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def one_sample(tmp_path_factory):
 
 def test_a_batch_is_a_one_line_error_naming_batch_size_1(one_sample):
     folder, data = one_sample
-    with pytest.raises(QtoolError, match=r"runs on one sample but fails on a batch of 6 .*--batch-size 1"):
+    with pytest.raises(QtoolError, match=r"runs on one sample but fails on a batch of 3 .*--batch-size 1"):
         finetune(str(folder / "q.onnx"), data, None, FinetuneConfig(steps=1, batch_size=4))
 
 

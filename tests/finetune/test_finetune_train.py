@@ -159,8 +159,11 @@ def test_kept_best_note_says_a_tie_is_not_better():
 
 
 def test_validation_batches_are_of_one_size_where_the_count_allows():
-    """Each validation batch size is a compile of the validation and the teacher: 500 samples run as 2 x 250."""
+    """Each validation batch size is a compile of the validation and the teacher: 500 samples in batches of at
+    most 256 run as 2 x 250; of at most the training batch size (8), as 100 x 5."""
     from qtool.finetune.train import _even_batch
 
-    assert [_even_batch(n) for n in (64, 256, 500, 1000, 300, 10000)] == [64, 256, 250, 250, 150, 250]
-    assert [_even_batch(n) for n in (257, 514)] == [256, 256]  # no divisor from 128 to 256: batches of 256
+    assert [_even_batch(n, 256) for n in (64, 256, 500, 1000, 300, 10000)] == [64, 256, 250, 250, 150, 250]
+    assert [_even_batch(n, 256) for n in (257, 514)] == [256, 256]  # no divisor from 128 to 256: batches of 256
+    assert [_even_batch(n, 8) for n in (500, 64, 5, 13)] == [5, 8, 5, 8]
+    assert [_even_batch(n, 1) for n in (500, 7)] == [1, 1]
