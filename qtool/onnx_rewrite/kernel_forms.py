@@ -32,10 +32,10 @@ QLinearAveragePool and may land one step away on a rare tie, as any fused kernel
   uint8 zero point 128, or int8 zero point 0 with ``--int8-activations``). onnxruntime folds a Relu into the
   layer before it only when the zero point is the low end (``ReluQuantFusion``); otherwise the layer ran in
   float with its weights dequantized at every run (the zoo U-Net with ``--symmetric``: 14 of 15 Convs,
-  1.87x float). The Relu's input is quantized on the output's own grid and the Relu written as
+  1.83x float). The Relu's input is quantized on the output's own grid and the Relu written as
   ``LeakyRelu(alpha=0)``: ``Relu(Q(x)) = Q(Relu(x))`` on a grid that holds 0 (negative values go to the zero
   point either way, the others are on the grid already), so the values are those of the graph as written,
-  and onnxruntime runs ``QLinearConv -> QLinearLeakyRelu`` (U-Net 0.49x float, MobileNetV3 1.06x -> 0.84x;
+  and onnxruntime runs ``QLinearConv -> QLinearLeakyRelu`` (U-Net 0.49x float, MobileNetV3 1.05x -> 0.84x;
   a plain Relu between the pair runs as DequantizeLinear, Relu, QuantizeLinear: 0.51x / 0.88x).
 - :func:`gelus_fused`: a GELU written out with Erf (``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5``, as
   paddle2onnx and older PyTorch exporters write it) of a dequantized ``x`` becomes onnxruntime's

@@ -111,7 +111,8 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     has_labels = labels is not None
     predictions = totals.predictions
     return SimulateResult(
-        model=f.label, data=dataset.source or "<data>", samples=totals.samples, batch_size=totals.batch_size or config.batch_size,
+        model=f.label, data=dataset.source or "<data>", samples=totals.samples,
+        batch_size=totals.batch_size or config.batch_size,
         output=output, output_kind="classes" if classes else "values", batch_axis=config.axis_for(output),
         labels=config.labels, calibration=calibration,
         float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
@@ -170,8 +171,8 @@ MEMORY_SHARE = 0.6
 def _fitted_batch(runners, dataset, batch_size: int, totals: _Totals, available: int | None) -> int:
     """``batch_size``, or fewer samples where one sample's tensors (measured on the first sample: the float model's
     and the largest quantized model's, twice) would not fit in ``available`` bytes: simulate reads every compared
-    tensor of a batch, and a batch past the memory was killed by the system with no message (LYT-Net: 0.57 GB
-    a frame)."""
+    tensor of a batch, and a batch past the memory was killed by the system with no message (LYT-Net at 16: 0.85 GB
+    a frame measured this way)."""
     if batch_size <= 1 or available is None:
         return batch_size
     feed = {k: np.ascontiguousarray(v) for k, v in _first_sample(dataset).items()}
