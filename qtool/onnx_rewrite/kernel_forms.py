@@ -461,7 +461,8 @@ def gelus_fused(graph: ir.Graph, names: NameScope) -> list[dict]:
         x, nodes = found
         dq = x.producer()
         dequantized = dq is not None and is_onnx(dq, DEQUANTIZE)
-        if not (dequantized or (op == FAST_GELU and x in quantized)) or value_dtype(x) not in (None, ir.DataType.FLOAT):
+        if not (dequantized or (op == FAST_GELU and x in quantized)) \
+                or value_dtype(x) not in (None, ir.DataType.FLOAT):
             continue
         last = nodes[-1]
         base = names.prefix(f"{core.name or core.op_type}/gelu", [op], [])
@@ -496,7 +497,8 @@ def relus_on_their_grid(graph: ir.Graph, names: NameScope) -> list[dict]:
         dequantized = x.producer() is not None and is_onnx(x.producer(), DEQUANTIZE)
         if not dequantized and not _sole_use(x):
             continue
-        base = names.prefix(f"{act.name or act.op_type}/relu_quant", [QUANTIZE, DEQUANTIZE], ["quantized", "dequantized"])
+        base = names.prefix(f"{act.name or act.op_type}/relu_quant", [QUANTIZE, DEQUANTIZE],
+                            ["quantized", "dequantized"])
         if not dequantized:
             quantize = ir.node(QUANTIZE, [x, q.inputs[1], q.inputs[2]], name=f"{base}/{QUANTIZE}")
             quantize.outputs[0].name, quantize.outputs[0].dtype = f"{base}/quantized", value_dtype(q.outputs[0])
