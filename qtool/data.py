@@ -84,6 +84,11 @@ class InputSpec:
         return np.moveaxis(block, 0, self.batch_axis) if self.batch_axis else block
 
 
+def same_feeds(a: dict, b: dict) -> bool:
+    """``a`` and ``b`` feed the same arrays under the same names (values equal, whatever their containers)."""
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
 def input_specs(model) -> list[InputSpec]:
     """The inputs the caller must feed (graph inputs that are not initializers)."""
     specs = []

@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from onnx import TensorProto
 
-from qtool.data import CalibrationData, input_specs, load_calibration_data
+from qtool.data import CalibrationData, input_specs, load_calibration_data, same_feeds
 from qtool.errors import QtoolError
 from qtool.finetune.config import (
     AUTO,
@@ -108,10 +108,6 @@ class _Data:
 _MANY_SHAPES = 4  # more shape groups than this: a note on the compiles they cost
 
 
-def _same_arrays(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(v, b[k]) for k, v in a.items())
-
-
 def _load_data(source, specs, labels_key: str | None, what: str, require_labels: bool) -> _Data:
 
     try:
@@ -132,7 +128,7 @@ def _load_data(source, specs, labels_key: str | None, what: str, require_labels:
             for group in groups:
                 group.labels = None
     fixed = [{k: v for k, v in g.inputs.items() if data.specs[k].batch_axis is None} for g in groups]
-    if not all(_same_arrays(f, fixed[0]) for f in fixed):
+    if not all(same_feeds(f, fixed[0]) for f in fixed):
         raise QtoolError(f"{what} data '{data.source}': the inputs without a batch axis "
                          f"({', '.join(fixed[0])}) differ between its files; fine-tuning compiles them as constants: "
                          "give files with the same values")
@@ -711,7 +707,7 @@ def _build_validator(run: _Run, val: _Data, batch_size: int) -> _Validator:
     # validation computes what rewrite-eval deploys: the stored ranges, not ranges moved by this batch
     held = {} if roles.range_update is None else {roles.range_update: jnp.float32(0.0)}
     quantized = _outputs_fn(forward, True, eval_step_value, data_outputs, val.fixed)
-    teacher = run.teacher if _same_arrays(val.fixed, run.fixed) else _outputs_fn(forward, False, _TEACHER_STEP,
+    teacher = run.teacher if same_feeds(val.fixed, run.fixed) else _outputs_fn(forward, False, _TEACHER_STEP,
                                                                                    data_outputs, val.fixed)
     metric_name = "accuracy" if val.has_labels else "sqnr_db"
     eval_batch = val.fixed_batch or _even_batch(max(g.num for g in val.groups), batch_size)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from qtool.data import CalibrationData
+from qtool.data import CalibrationData, same_feeds
 from qtool.errors import QtoolError
 from qtool.model.session import tapped_session
 from qtool.simulate.result import sqnr_db as signal_to_noise_db
@@ -135,7 +135,7 @@ class Reference:
         which must be the next of :attr:`feeds`. Returns whether the next batch's are wanted too."""
         if self.outputs is not None or self._runs is None:
             return False
-        if not _same_feed(feed, self.feeds[len(self._runs)]):
+        if not same_feeds(feed, self.feeds[len(self._runs)]):
             self._runs = None
             return False
         last = len(self._runs) + 1 == len(self.feeds)  # read in place: only a subsample is kept (_joined)
@@ -168,10 +168,6 @@ class Reference:
             return OutputCheck(self.samples, error=str(exc), method=method)
         return OutputCheck(self.samples, {name: sqnr_db(ref, values[name]) for name, ref in self.outputs.items()
                                           if name in values}, method=method)
-
-
-def _same_feed(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
 
 
 def _outputs(session, feeds: list[dict], what: str, float_only: bool = False) -> dict[str, np.ndarray]:
