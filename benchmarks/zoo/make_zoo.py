@@ -617,6 +617,20 @@ def init_from_onnx(model: nn.Module, path: str) -> dict:
                 bias = [i for i in add.input if i.endswith(".bias") and i in inits]
                 if add.op_type == "Add" and node.output[0] in add.input and bias:
                     renamed[bias[0][:-5] + ".weight"] = inits[node.input[1]].T
+    # an nn.LSTM exported as ONNX LSTM nodes (one per layer, in order): W, R, B under generated names, gates
+    # in ONNX's order (i, o, f, c) against torch's (i, f, g, o)
+    lstms = [n for n in graph.node if n.op_type == "LSTM" and n.input[1] in inits]
+    for layer, node in enumerate(lstms):
+        prefix = next(k[:-len("weight_ih_l0")] for k in state if k.endswith("weight_ih_l0"))
+
+        def gates(a):
+            i, o, f, c = np.split(a, 4, axis=0)
+            return np.concatenate([i, f, c, o], axis=0)
+        w, r, b = (inits[node.input[k]][0] for k in (1, 2, 3))
+        renamed[f"{prefix}weight_ih_l{layer}"] = gates(w)
+        renamed[f"{prefix}weight_hh_l{layer}"] = gates(r)
+        renamed[f"{prefix}bias_ih_l{layer}"] = gates(b[: b.shape[0] // 2])
+        renamed[f"{prefix}bias_hh_l{layer}"] = gates(b[b.shape[0] // 2:])
     loaded = 0
     for name, array in list(inits.items()) + list(renamed.items()):
         if name in state and tuple(state[name].shape) == tuple(array.shape):
@@ -633,7 +647,8 @@ def init_from_onnx(model: nn.Module, path: str) -> dict:
 
 
 def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image_size: int | None = None,
-          batch: int | None = None, init_from: str | None = None, lr: float | None = None) -> dict:
+          batch: int | None = None, init_from: str | None = None, lr: float | None = None,
+          exporter: str = "torchscript") -> dict:
     spec = dict(SPECS[name])
     size = apply_size(name, preset, image_size)
     if batch:
@@ -691,9 +706,13 @@ def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image
     dyn = {n: {0: "batch"} for n in names + [out_name]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, sample, path, dynamo=False, opset_version=17, input_names=names,
-                          output_names=[out_name], dynamic_axes=dyn, training=torch.onnx.TrainingMode.PRESERVE,
-                          do_constant_folding=True)
+        if exporter == "dynamo":  # torch.onnx.export's default since torch 2.9, at its default opset
+            torch.onnx.export(model, sample, path, dynamo=True, input_names=names, output_names=[out_name],
+                              dynamic_axes=dyn, external_data=False)
+        else:
+            torch.onnx.export(model, sample, path, dynamo=False, opset_version=17, input_names=names,
+                              output_names=[out_name], dynamic_axes=dyn, training=torch.onnx.TrainingMode.PRESERVE,
+                              do_constant_folding=True)
 
     # calibration data: float32/int64 exactly as the model takes it
     calib = {n: (calib_x[k].astype(np.float32) / 255.0 if calib_x[k].dtype == np.uint8 else calib_x[k])
@@ -720,7 +739,8 @@ def build(name: str, seconds: float, n_train: int, preset: str = "deploy", image
         "train_samples": n_train,
         "final_train_loss": round(float(np.mean(losses[-50:])), 4),
         "torch": torch.__version__,
-        "export": "torch.onnx.export(dynamo=False, opset_version=17, training=PRESERVE, dynamic batch)",
+        "export": ("torch.onnx.export(dynamo=True, default opset, dynamic batch)" if exporter == "dynamo" else
+                   "torch.onnx.export(dynamo=False, opset_version=17, training=PRESERVE, dynamic batch)"),
     }
     if spec["task"] == "segmentation":
         meta["num_classes"] = 4
@@ -769,6 +789,10 @@ def main():
     ap.add_argument("--out", default=OUT, help="output folder (default: the committed zoo, benchmarks/zoo/models)")
     ap.add_argument("--image-size", type=int, default=None,
                     help="image side in pixels, overriding --size's (e.g. with --seconds 1 for latency studies)")
+    ap.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                    help="torchscript (the committed zoo: dynamo=False, opset 17, BN kept as nodes) or dynamo "
+                         "(torch.onnx.export's default since torch 2.9; with --init-from benchmarks/zoo/models "
+                         "--seconds 0 --out DIR: the committed zoo's trained weights exported again)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     globals()["OUT"] = args.out
@@ -776,7 +800,8 @@ def main():
         if name not in SPECS:
             sys.exit(f"unknown model {name!r}; choose from {', '.join(SPECS)}")
         n_train = args.train_samples or (4000 if args.size == "small" else 2000)
-        build(name, args.seconds, n_train, args.size, args.image_size, args.batch, args.init_from, args.lr)
+        build(name, args.seconds, n_train, args.size, args.image_size, args.batch, args.init_from, args.lr,
+              args.exporter)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ class FoldReport:
     affine: AffineReport | None = None  # the constant Mul/Add folded before (fold_affine), when it ran
     weight_expressions: list[dict] = field(default_factory=list)  # weights computed from constants, folded
     transposed_convs: list[dict] = field(default_factory=list)  # ConvTransposes written as Conv + DepthToSpace
+    global_pools: list[str] = field(default_factory=list)  # spatial ReduceMeans written as GlobalAveragePool
     float16: int = 0  # float16 weights and Constant values made float32 (``model.float16``)
 
 

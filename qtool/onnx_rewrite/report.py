@@ -399,6 +399,7 @@ def _affine_counts(folds) -> dict:
             "affine_not_folded": len(affine.skipped) if affine else 0,
             "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0,
             "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0,
+            "means_as_global_pools": len(folds.global_pools) if folds is not None else 0,
             "float16_as_float32": folds.float16 if folds is not None else 0}
 
 
@@ -407,7 +408,8 @@ def _affine_lists(folds) -> dict:
     return {"affine_folded": [f.to_dict() for f in affine.folded] if affine else [],
             "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else [],
             "weight_expressions_folded": list(folds.weight_expressions) if folds is not None else [],
-            "convtransposes_as_convs": list(folds.transposed_convs) if folds is not None else []}
+            "convtransposes_as_convs": list(folds.transposed_convs) if folds is not None else [],
+            "means_as_global_pools": list(folds.global_pools) if folds is not None else []}
 
 
 def _affine_lines(c: dict) -> list[str]:
@@ -423,6 +425,9 @@ def _affine_lines(c: dict) -> list[str]:
     if c.get("convtransposes_as_convs"):
         lines.append(f"  ConvTranspose as Conv  {c['convtransposes_as_convs']}  (+ DepthToSpace where strided: "
                      "onnxruntime has no integer ConvTranspose)")
+    if c.get("means_as_global_pools"):
+        lines.append(f"  ReduceMean as pool     {c['means_as_global_pools']}  (a mean over the spatial axes as "
+                     "GlobalAveragePool: onnxruntime has no integer ReduceMean)")
     if folded or skipped:
         lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
                      "into its weight and bias)")

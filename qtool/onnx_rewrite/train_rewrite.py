@@ -38,6 +38,7 @@ from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
 from qtool.onnx_rewrite.conv_pads import pads_into_convs
+from qtool.onnx_rewrite.global_pools import means_as_global_pools
 from qtool.onnx_rewrite.eval_graph import bias_slot
 from qtool.onnx_rewrite.fake_quant_function import MIN_OPSET, add_fake_quant_function
 from qtool.onnx_rewrite.fold_affine import fold_affine
@@ -129,6 +130,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     constants_to_initializers(graph)
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     names = NameScope(graph)
+    pools = means_as_global_pools(graph, default_opset(model), names, config.out_of_scope)  # as the eval graph
     affine = fold_affine(graph, names, exclude=config.exclude)  # as the eval graph: the folded weight trains
     split_hard_swish(graph, config, names)  # as the eval graph: the gate trains on its deployed grid
     matches, reasons = find_train_folds(graph, names, config.exclude)
@@ -138,6 +140,7 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     eval_folds = fold_batch_norms(planned.graph, NameScope(planned.graph),
                                   exclude=config.exclude | (all_bns - fold_names))
     eval_folds.affine, eval_folds.weight_expressions, eval_folds.float16 = affine, expressions, float16
+    eval_folds.global_pools = pools
     bn_outputs = {n.name: n.outputs[0].name for n in graph if n.name in fold_names}
     aliases: dict[str, str] = {}
     planned_nodes = {n.name: n for n in planned.graph}

@@ -28,8 +28,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 0
 
 
+ONLY: set[str] = set()  # --only: write these models alone (the others are built, not written: same data)
+
+
 def save(name, model_proto, inputs):
     import onnx
+
+    if ONLY and name not in ONLY:
+        return
 
     onnx.checker.check_model(model_proto, full_check=True)
     path = os.path.join(HERE, name + ".onnx")
@@ -202,7 +208,32 @@ def torch_models():
             x = torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1)
             return nn.functional.linear(x, self.w3.float(), self.b3)
 
+    class SEBlock(nn.Module):
+        """EfficientNet's MBConv: Conv-BN-SiLU, depthwise, squeeze-excite (adaptive_avg_pool2d, SiLU, Sigmoid gate),
+        projection; a ``x.mean((2, 3))`` head (keepdim=False) then a Linear."""
+
+        def __init__(self, c=16):
+            super().__init__()
+            self.stem = nn.Conv2d(3, c, 3, stride=2, padding=1, bias=False)
+            self.bn0 = bn(c)
+            self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+            self.bn_dw = bn(c)
+            self.se_reduce = nn.Conv2d(c, c // 4, 1)
+            self.se_expand = nn.Conv2d(c // 4, c, 1)
+            self.project = nn.Conv2d(c, 24, 1, bias=False)
+            self.bn_project = bn(24)
+            self.fc = nn.Linear(24, 5)
+
+        def forward(self, x):
+            x = nn.functional.silu(self.bn0(self.stem(x)))
+            x = nn.functional.silu(self.bn_dw(self.dw(x)))
+            s = nn.functional.adaptive_avg_pool2d(x, 1)
+            s = torch.sigmoid(self.se_expand(nn.functional.silu(self.se_reduce(s))))
+            x = self.bn_project(self.project(x * s))
+            return self.fc(x.mean((2, 3)))
+
     return {
+        "SEBlock": (SEBlock, (2, 3, 32, 32)),
         "ResBlock": (ResBlock, (2, 3, 16, 16)),
         "MobileBlock": (MobileBlock, (2, 3, 16, 16)),
         "MLP": (MLP, (4, 20)),
@@ -239,7 +270,7 @@ def export_legacy(model, shape, opset, dynamic_spatial=False, fold=False):
     return onnx.load_from_string(buf.getvalue())
 
 
-def export_dynamo(model, shape, opset=18):
+def export_dynamo(model, shape, opset: int | None = 18):
     import onnx
     import torch
 
@@ -293,6 +324,11 @@ def make_torch():
     # dynamo, then Constant-node weights and cleared names
     m, shape = build("MobileBlock")
     save("dynamo18_const_MobileBlock", restyle(export_dynamo(m, shape)), data(shape))
+    # torch.onnx.export as a user calls it today: dynamo at its default opset (20 with torch 2.13), and the
+    # TorchScript exporter at 17 for the same model
+    m, shape = build("SEBlock")
+    save("dynamo_SEBlock", export_dynamo(m, shape, opset=None), data(shape))
+    save("legacy17_SEBlock", export_legacy(m, shape, 17), data(shape))
 
 
 # ------------------------------------------------------------------------------------- keras
@@ -332,7 +368,9 @@ def make_tf():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tf", action="store_true", help="only the Keras/tf2onnx models")
+    ap.add_argument("--only", default="", help="comma-separated names: write only these (e.g. dynamo_SEBlock)")
     args = ap.parse_args(argv)
+    ONLY.update(filter(None, args.only.split(",")))
     if args.tf:
         make_tf()
     else:
