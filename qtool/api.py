@@ -36,6 +36,7 @@ from qtool.model.io import (
     same_file,
 )
 from qtool.model.opset import inferred_types
+from qtool.model.session import show_onnxruntime_warnings
 from qtool.onnx_rewrite.branches import (
     branch_config,
     branch_layers,
@@ -57,7 +58,8 @@ from qtool.simulate.result import SimulateResult
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
-__all__ = ["rewrite_eval", "rewrite_train", "calibrate", "calibrate_to_file", "simulate", "finetune"]
+__all__ = ["rewrite_eval", "rewrite_train", "calibrate", "calibrate_to_file", "simulate", "finetune",
+           "show_onnxruntime_warnings"]
 
 
 class _Clock:
