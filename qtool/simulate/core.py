@@ -27,6 +27,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
+from qtool.model.io import large_model_bytes
 from qtool.model.session import available_memory
 from qtool.simulate import inputs, latency
 from qtool.simulate.compare import (
@@ -72,6 +73,10 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     calibration); without ``config.quantized`` models it is needed."""
     start = time.perf_counter()
     totals = _Totals()
+    if progress is not None:  # reading large files takes seconds (a BERT-base: 5 s); small ones have no stage
+        large = [size for size in map(large_model_bytes, [model, *config.quantized]) if size is not None]
+        if large:
+            _stage(progress, f"loading the model{'s' if config.quantized else ''} ({sum(large) / 2**20:.0f} MB)", 0, 0)
     f = inputs.load(model, "model")
     output = inputs.output_name(f, config.output)
     config.check_outputs([v.name for v in f.model.graph.outputs], f.label)
