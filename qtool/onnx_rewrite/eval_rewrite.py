@@ -78,7 +78,8 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
 
 def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
                   ) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Normalize (:mod:`~qtool.onnx_rewrite.normalize`, as the training rewrite), fold a constant Mul/Add after a layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``),
+    """Normalize (:mod:`~qtool.onnx_rewrite.normalize`, as the training rewrite), fold a constant Mul/Add after a
+    layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``),
     write a ConvTranspose as Conv + DepthToSpace (``transposed_convs``)
     and plan the quantizers of ``model`` (in place). ``trained``: the
     model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic

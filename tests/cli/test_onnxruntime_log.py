@@ -22,7 +22,8 @@ WARNING = "tf_half_pixel_for_nn"
 def resize_model(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resize")
     rng = np.random.default_rng(0)
-    inits = [nh.from_array(np.array([], np.float32), "roi"), nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+    inits = [nh.from_array(np.array([], np.float32), "roi"),
+             nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
              nh.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "W")]
     nodes = [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              h.make_node("Resize", ["c", "roi", "scales"], ["y"], mode="nearest",
