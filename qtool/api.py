@@ -29,6 +29,7 @@ from qtool.model.io import (
     as_ir_model,
     check_output_path,
     check_outputs,
+    large_model_bytes,
     load_model,
     model_files,
     open_model,
@@ -36,6 +37,7 @@ from qtool.model.io import (
     same_file,
 )
 from qtool.model.opset import inferred_types
+from qtool.model.session import show_onnxruntime_warnings
 from qtool.onnx_rewrite.branches import (
     branch_config,
     branch_layers,
@@ -57,7 +59,8 @@ from qtool.simulate.result import SimulateResult
 
 Progress = Callable[[int, int], None]  # (samples done, samples total)
 
-__all__ = ["rewrite_eval", "rewrite_train", "calibrate", "calibrate_to_file", "simulate", "finetune"]
+__all__ = ["rewrite_eval", "rewrite_train", "calibrate", "calibrate_to_file", "simulate", "finetune",
+           "show_onnxruntime_warnings"]
 
 
 class _Clock:
@@ -81,13 +84,32 @@ def _check_float(opened: OpenedModel) -> None:
                          "give it the float model (to compare quantized models, use qtool simulate --quantized)")
 
 
+def _stage(progress, name: str) -> None:
+    """Tell a ``progress`` that hears stages (a ``stage(name, done, total)`` method: the CLI's) that ``name``
+    starts (a step over no data that takes seconds on a large model)."""
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage(name, 0, 0)
+
+
+def _large_model_stage(progress, what: str, model) -> None:
+    """The stage of reading or writing a model of ``LARGE_MODEL_BYTES`` or more (a BERT-base's 440 MB: 5 s to
+    read); smaller ones have none, so that a mistake found while loading stays one line."""
+    if getattr(progress, "stage", None) is None:
+        return
+    size = large_model_bytes(model)
+    if size is not None:
+        _stage(progress, f"{what} the model ({size / 2**20:.0f} MB)")
+
+
 def _load_data(source, opened: OpenedModel) -> CalibrationData | None:
     return None if source is None else load_calibration_data(source, input_specs(opened.model))
 
 
-def _save(opened: OpenedModel) -> Files:
+def _save(opened: OpenedModel, progress=None) -> Files:
     files = Files(opened.label, opened.output, opened.in_place)
     if opened.output is not None:
+        _large_model_stage(progress, "writing", opened.model)
         files.external_data = save_model(opened.model, opened.output, external_data=opened.external_data)
     return files
 
@@ -107,7 +129,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     (or an onnxruntime calibration cache), or a dict of ``(min, max)``, instead.
     With neither, a training graph's trained ranges, else TF's defaults (the
     summary warns). ``progress(done, total)`` is called after each calibration batch; a ``progress``
-    with a ``stage(name, done, total)`` method also hears ``--calibration-method auto``'s rewrites.
+    with a ``stage(name, done, total)`` method also hears the other steps (loading and writing a model of
+    ``LARGE_MODEL_BYTES`` or more, the check of the int8 model, ``--calibration-method auto``'s rewrites).
     ``latency_rounds``: also time the float model and the written one in onnxruntime on the first
     calibration sample (:mod:`qtool.simulate.latency`: one thread, interleaved, median of the rounds).
     """
@@ -116,6 +139,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         raise QtoolError("give either calibration data or a ranges file (--ranges), not both")
     if latency_rounds and calibration_data is None:
         raise QtoolError("--latency times the models on the first sample of --data: give --data")
+    _large_model_stage(progress, "loading", model)
     opened = open_model(model, output, in_place, inputs=[calibration_data, ranges])
     _check_float(opened)
     # the model as given, before the rewrite changes it
@@ -159,7 +183,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
         warnings += check.warnings()
         clock.lap("check")
     opened.model = prepared.model
-    files = _save(opened)
+    files = _save(opened, progress)
     clock.lap("save")
     timed = None
     if float_timing is not None and (check is None or check.error is None):
@@ -255,9 +279,7 @@ def _check(reference, model, method: str, progress=None):
     stages (an int8 run over the first samples: seconds on a large model)."""
     if reference is None:
         return None
-    stage = getattr(progress, "stage", None)
-    if stage is not None:
-        stage("checking the int8 model against float", 0, 0)
+    _stage(progress, "checking the int8 model against float")
     return reference.check(model, method)
 
 
@@ -373,16 +395,18 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     statistics; None: never). ``calibration_data``: initial activation ranges
     (else TF's (-6, 6), and (0, 6) after Relu/Clip), observed as ``calibration``
     says. The training contract is in ``metadata_props["qtool.training"]``
-    (``docs/training.md``); a qtool training graph is returned as it is.
+    (``docs/training.md``); a qtool training graph is returned as it is. ``progress``: as
+    :func:`rewrite_eval`'s.
     """
     _only_rewrite_eval_chooses(calibration, "rewrite-train's initial ranges")
+    _large_model_stage(progress, "loading", model)
     opened = open_model(model, output, in_place, inputs=[calibration_data])
     _check_float(opened)
     contract = existing_contract(opened.model, opened.label)
     if contract is not None:  # already rewritten: report, do not rewrite twice
         if in_place:
             opened.output = None
-        return TrainResult(opened.model, _save(opened), quant, schedule, contract)
+        return TrainResult(opened.model, _save(opened, progress), quant, schedule, contract)
     data = _load_data(calibration_data, opened)
     prepared = prepare_train(opened.model, quant)
     opened.model = prepared.model
@@ -395,7 +419,7 @@ def rewrite_train(model, output=None, *, quant: QuantConfig = QuantConfig(),
     encoded, branches = _encode_train(prepared, schedule, ranges, data, calibration, progress)
     branches = list(_every_branch(branches))
     trained = [b for b in branches if isinstance(b, TrainedBranch)]
-    files = _save(opened)
+    files = _save(opened, progress)
     ignored = list(data.ignored) if data is not None else []
     return TrainResult(prepared.model, files, quant, schedule, encoded.contract, prepared, encoded, observed, ignored,
                        [b for b in branches if not isinstance(b, TrainedBranch)],
@@ -570,7 +594,8 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
                       progress: Progress | None = None) -> cal.RangesFileSummary:
     """Calibrate ``model`` on ``data`` and write the ranges file ``output`` (``docs/calibration.md``).
 
-    Nothing is written unless calibration succeeds; the file is written atomically.
+    Nothing is written unless calibration succeeds; the file is written atomically. ``progress``: as
+    :func:`rewrite_eval`'s.
     """
     out = os.fspath(output)
     check_output_path(out)
@@ -579,6 +604,7 @@ def calibrate_to_file(model, data, output, *, quant: QuantConfig = QuantConfig()
         label = os.fspath(model)
         if os.path.exists(out) and os.path.exists(label) and same_file(out, label):
             raise QtoolError(f"the output '{os.fspath(output)}' is the input model")
+        _large_model_stage(progress, "loading", label)
         ir_model = load_model(label).model
         check_outputs([out], model_files(label, ir_model) + [data])
     else:

@@ -96,17 +96,10 @@ class MinMaxObserver(Observer):
         self.issues = DataIssues()
 
     def update(self, batch: np.ndarray) -> None:
-        if batch.size == 0:
+        found = _batch_range(batch, self.issues)
+        if found is None:
             return
-        self.issues.batch(batch)
-        lo, hi = minmax(batch)
-        lo, hi = float(lo), float(hi)
-        if not (math.isfinite(lo) and math.isfinite(hi)):  # +-inf, or no number at all: left out, tallied
-            self.issues.nonfinite(batch)
-            lo, hi = _finite_minmax(batch)
-            if lo is None:
-                return
-        self.issues.finite(lo, hi)
+        lo, hi = found
         if lo < self.min:
             self.min = lo
         if hi > self.max:
@@ -145,18 +138,10 @@ class EmaObserver(Observer):
         self.issues = DataIssues()
 
     def update(self, batch: np.ndarray) -> None:
-        if batch.size == 0:
+        found = _batch_range(batch, self.issues)
+        if found is None:
             return
-        self.issues.batch(batch)
-        lo, hi = minmax(batch)
-        lo, hi = float(lo), float(hi)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            self.issues.nonfinite(batch)
-            lo, hi = _finite_minmax(batch)
-            if lo is None:
-                return
-        self.issues.finite(lo, hi)
-        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        lo, hi = min(found[0], 0.0), max(found[1], 0.0)
         self.min = self.decay * self.min + (1.0 - self.decay) * lo
         self.max = self.decay * self.max + (1.0 - self.decay) * hi
         self.steps += 1
@@ -169,11 +154,22 @@ class EmaObserver(Observer):
         return self.min / debias, self.max / debias
 
 
-def _finite_minmax(batch: np.ndarray):
-    finite = batch[np.isfinite(batch)]
-    if finite.size == 0:
-        return None, None
-    return float(finite.min()), float(finite.max())
+def _batch_range(batch: np.ndarray, issues: DataIssues) -> tuple[float, float] | None:
+    """The finite min and max of one batch (qtool's kernel), told to ``issues``; None for an empty batch (not
+    counted) or one with no finite value (``minmax`` and ``ema`` alike)."""
+    if batch.size == 0:
+        return None
+    issues.batch(batch)
+    lo, hi = minmax(batch)
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # +-inf, or no number at all: left out, tallied
+        issues.nonfinite(batch)
+        finite = batch[np.isfinite(batch)]
+        if finite.size == 0:
+            return None
+        lo, hi = float(finite.min()), float(finite.max())
+    issues.finite(lo, hi)
+    return lo, hi
 
 
 class HistogramObserver(Observer):

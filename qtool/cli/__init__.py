@@ -50,7 +50,7 @@ class LazyGroup(QtoolGroup):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="qtool")
-@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors, and onnxruntime's own warnings.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """Quantize ONNX models with TensorFlow's quantization rules, bit for bit.
@@ -63,3 +63,5 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if debug:  # qtool keeps onnxruntime's log to errors; click has loaded the command's module (and qtool.api) by now
+        importlib.import_module("qtool.api").show_onnxruntime_warnings()

@@ -58,3 +58,18 @@ class StageProgress:
     def close(self) -> None:
         """Close the bar without the timing line (on an error)."""
         self._end_stage()
+
+
+class Calibrating:
+    """The progress callback of the commands that calibrate: ``(done, total)`` of the calibration passes, and
+    ``stage(name, done, total)`` of the other steps that report (loading and writing a large model, the check of
+    the int8 model, ``--calibration-method auto``'s rewrites)."""
+
+    def __init__(self, progress: StageProgress):
+        self.progress = progress
+
+    def __call__(self, done: int, total: int) -> None:
+        self.progress.update("calibrating", done, total)
+
+    def stage(self, name: str, done: int, total: int) -> None:
+        self.progress.update(name, done, total, unit="")

@@ -22,7 +22,7 @@ from qtool.cli._common import (
     quantization_options,
 )
 from qtool.cli._output import write_json
-from qtool.cli._progress import StageProgress
+from qtool.cli._progress import Calibrating, StageProgress
 
 
 @click.command("calibrate")
@@ -54,7 +54,7 @@ def calibrate_cmd(ctx, model, data, output, json_out, **params):
     try:
         summary = api.calibrate_to_file(
             model, data, output, quant=quant_config(params), calibration=calibration_config(params),
-            progress=lambda done, total: progress.update("calibrating", done, total)).to_dict()
+            progress=Calibrating(progress)).to_dict()
     except BaseException:
         progress.close()
         raise

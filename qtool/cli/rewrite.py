@@ -29,7 +29,7 @@ from qtool.cli._common import (
     verbose_option,
 )
 from qtool.cli._output import print_result
-from qtool.cli._progress import StageProgress
+from qtool.cli._progress import Calibrating, StageProgress
 from qtool.config import TrainSchedule
 
 
@@ -43,24 +43,10 @@ def _prepare(ctx: click.Context, params: dict) -> None:
         raise click.UsageError("the calibration options need calibration data (--data)")
 
 
-class _Calibrating:
-    """rewrite's progress callback: ``(done, total)`` of the calibration passes, and ``stage(name, done,
-    total)`` of the later work that reports (``--calibration-method auto``'s rewrites)."""
-
-    def __init__(self, progress: StageProgress):
-        self.progress = progress
-
-    def __call__(self, done: int, total: int) -> None:
-        self.progress.update("calibrating", done, total)
-
-    def stage(self, name: str, done: int, total: int) -> None:
-        self.progress.update(name, done, total, unit="")
-
-
 def _run(command: str, call):
     progress = StageProgress(command)
     try:
-        result = call(_Calibrating(progress))
+        result = call(Calibrating(progress))
     except BaseException:
         progress.close()
         raise

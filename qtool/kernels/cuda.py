@@ -74,22 +74,10 @@ except ImportError:  # pragma: no cover - other numba-cuda layouts
 # --- arithmetic primitives ---------------------------------------------------------------
 if SIM:
     # The simulator runs kernels as Python: numpy scalar operators are exact
-    # IEEE operations in the operands' dtype. Device functions stay plain
-    # Python functions (the simulator's device-function wrapper only adds a
-    # context switch per call).
-    def _mul(a, b):
-        return a * b
-
-    def _div(a, b):
-        return a / b
-
-    def _add(a, b):
-        return a + b
-
-    def _sub(a, b):
-        return a - b
-
-    _P32 = _P64 = {"mul": _mul, "div": _div, "add": _add, "sub": _sub, "floor": np.floor, "rint": np.rint}
+    # IEEE operations in the operands' dtype, so the primitives are _scalar's own
+    # plain ones. Device functions stay plain Python functions (the simulator's
+    # device-function wrapper only adds a context switch per call).
+    _P32 = _P64 = {name: getattr(_scalar, name) for name in _scalar.PRIMITIVES}
 
     def _device(fn):
         return fn
@@ -197,6 +185,19 @@ def _next_channel(j, c, dj, dc, inner, depth):
     if c >= depth:
         c -= depth
     return j, c
+
+
+@cuda.jit(device=True, inline=True)
+def _reduced_range(x, acc_lo, acc_hi, zidx, c):
+    """Channel ``c``'s min and max from ``minmax_reduce``'s accumulators: a zero takes the sign of the channel's
+    last zero (``x[zidx[c]]``), as on the CPU."""
+    a = acc_lo[c]
+    b = acc_hi[c]
+    if a == 0:
+        a = x[zidx[c]]
+    if b == 0:
+        b = x[zidx[c]]
+    return a, b
 
 
 @cuda.jit(device=True, inline=True)
@@ -434,14 +435,7 @@ def _qdq_kernels(S):
         c = cuda.grid(1)
         stride = cuda.gridsize(1)
         while c < mins.size:
-            a = acc_lo[c]
-            b = acc_hi[c]
-            if a == 0:
-                a = x[zidx[c]]
-            if b == 0:
-                b = x[zidx[c]]
-            mins[c] = a
-            maxs[c] = b
+            mins[c], maxs[c] = _reduced_range(x, acc_lo, acc_hi, zidx, c)
             mn = mins[c]  # the tensor's dtype from here on
             mx = maxs[c]
             if mn > mx:
@@ -544,14 +538,7 @@ def minmax_fix(x, acc_lo, acc_hi, zidx, lo, hi):
     c = cuda.grid(1)
     stride = cuda.gridsize(1)
     while c < lo.size:
-        a = acc_lo[c]
-        b = acc_hi[c]
-        if a == 0:
-            a = x[zidx[c]]
-        if b == 0:
-            b = x[zidx[c]]
-        lo[c] = a
-        hi[c] = b
+        lo[c], hi[c] = _reduced_range(x, acc_lo, acc_hi, zidx, c)
         c += stride
 
 
@@ -559,14 +546,7 @@ def minmax_fix(x, acc_lo, acc_hi, zidx, lo, hi):
 def minmax_fix_scalar(x, acc_lo, acc_hi, zidx, lo, hi):
     """``minmax_fix`` of a single channel into 0-d arrays."""
     if cuda.grid(1) == 0:
-        a = acc_lo[0]
-        b = acc_hi[0]
-        if a == 0:
-            a = x[zidx[0]]
-        if b == 0:
-            b = x[zidx[0]]
-        lo[()] = a
-        hi[()] = b
+        lo[()], hi[()] = _reduced_range(x, acc_lo, acc_hi, zidx, 0)
 
 
 @cuda.jit

@@ -19,6 +19,9 @@ kept from one batch to the next:
   neither); the last bin includes ``hi``.
 - :func:`argmax_rows`: top-1 class per row with ``numpy.argmax``'s rule
   (first maximum; a NaN is the maximum); :func:`count_equal`.
+- :func:`sorted_rows`: whether every row is sorted (descending, ascending):
+  an output whose top-1 is always the first or the last place (TopK's
+  values) has no top-1 worth comparing.
 
 Kernels are ``@njit(parallel=True, cache=True, error_model="numpy")`` with a
 serial twin for tensors under ``PARALLEL_MIN`` elements; reductions run over
@@ -298,6 +301,41 @@ def argmax_rows(x: np.ndarray) -> np.ndarray:
         kernel = _argmax_rows if flat.size >= PARALLEL_MIN else _argmax_rows_serial
         kernel(flat, rows, cols, out)
     return out
+
+
+@njit(cache=True, error_model="numpy")
+def _sorted_rows(x, rows, cols):
+    descending = True
+    ascending = True
+    for i in range(rows):
+        base = i * cols
+        for j in range(1, cols):
+            a = x[base + j - 1]
+            b = x[base + j]
+            if not a >= b:  # a NaN breaks both orders
+                descending = False
+            if not a <= b:
+                ascending = False
+            if not (descending or ascending):
+                return 0
+    return (1 if descending else 0) | (2 if ascending else 0)
+
+
+SORTED_DESCENDING = 1
+SORTED_ASCENDING = 2
+
+
+def sorted_rows(x: np.ndarray) -> int:
+    """Which orders every row (first axis; each row its other elements flattened) keeps: a mask of
+    ``SORTED_DESCENDING`` (non-increasing) and ``SORTED_ASCENDING`` (non-decreasing); 0 as soon as neither
+    holds (a classifier's logits: the first row or so). Serial: it stops early on all but sorted data."""
+    x = np.asarray(x)
+    rows = x.shape[0] if x.ndim else 1
+    flat = _flat(x)
+    cols = flat.size // rows if rows else 0
+    if not rows or not cols:
+        return SORTED_DESCENDING | SORTED_ASCENDING
+    return int(_sorted_rows(flat, rows, cols))
 
 
 @njit(cache=True, error_model="numpy")

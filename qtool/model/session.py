@@ -79,10 +79,24 @@ def first_line(exc: BaseException) -> str:
 SESSION_MEMORY_SETTINGS = (False, True)
 
 
+# onnxruntime's own log, set in one place (``_create``) for every session qtool makes. Its warnings went to stderr
+# from each of them: a tf2onnx model's Resize with the deprecated `tf_half_pixel_for_nn` printed one line per node
+# per session, screens of them around qtool's progress. Most come from onnxruntime's default logger, which is
+# process-wide and which session options do not reach; qtool keeps it to errors. The session's own logger is kept
+# to fatal: qtool reports a failed run itself, in one line (ERROR lines of a failing node went to stderr before it).
+# ``show_onnxruntime_warnings()`` (``qtool --debug``) gives both back onnxruntime's default, warnings.
+QUIET_LOG = (3, 4)  # (default logger, session logger): onnxruntime's severities, 2 warning, 3 error, 4 fatal
+WARNINGS_LOG = (2, 2)
+_log = {"levels": QUIET_LOG}
+
+
+def show_onnxruntime_warnings(show: bool = True) -> None:
+    """Let onnxruntime print its warnings (its default) in the sessions made from now on, or keep them quiet."""
+    _log["levels"] = WARNINGS_LOG if show else QUIET_LOG
+
+
 def session_options(*, optimize: bool = True) -> ort.SessionOptions:
     options = ort.SessionOptions()
-    options.log_severity_level = 4  # fatal only: qtool reports a failed run itself, in one line (ERROR lines
-    # of a failing node went to stderr before it)
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.enable_mem_pattern, options.enable_cpu_mem_arena = SESSION_MEMORY_SETTINGS
@@ -133,6 +147,9 @@ def file_session(path: str, *, options: ort.SessionOptions | None = None, what: 
 
 
 def _create(source, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
+    default_level, session_level = _log["levels"]
+    ort.set_default_logger_severity(default_level)
+    options.log_severity_level = session_level
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types

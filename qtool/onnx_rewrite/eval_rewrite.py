@@ -20,19 +20,16 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
-from qtool.model.float16 import float16_as_float32, same_type_casts_as_identities
-from qtool.model.graph import remove_identities
-from qtool.model.names import NameScope, name_unnamed_nodes
+from qtool.model.names import NameScope
 from qtool.model.opset import convert_opset, default_opset
-from qtool.model.weight_expressions import fold_weight_expressions
 from qtool.onnx_rewrite.conv_pads import pads_into_convs
 from qtool.onnx_rewrite.global_pools import means_as_global_pools
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
-from qtool.onnx_rewrite.kernel_forms import prelus_from_sums
-from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
+from qtool.onnx_rewrite.normalize import normalize
+from qtool.onnx_rewrite.placement import QuantPlan, plan_quantization
 from qtool.onnx_rewrite.reshape_targets import constant_reshape_targets
 from qtool.onnx_rewrite.train_graph import TrainedState, is_training_graph, strip_training_graph
 from qtool.onnx_rewrite.transposed_convs import convtransposes_as_convs
@@ -82,27 +79,23 @@ def raise_opset(model: ir.Model, config: QuantConfig) -> ir.Model:
 
 def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
                   ) -> tuple[NameScope, FoldReport, QuantPlan]:
-    """Name nodes, fold a constant Mul/Add after a layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``),
+    """Normalize (:mod:`~qtool.onnx_rewrite.normalize`, as the training rewrite), fold a constant Mul/Add after a
+    layer into it (``fold_affine``), fold batch norms, split HardSwish into ``x * HardSigmoid(x)`` (``hard_activations``),
     write a ConvTranspose as Conv + DepthToSpace (``transposed_convs``)
     and plan the quantizers of ``model`` (in place). ``trained``: the
     model was a qtool training graph, whose batch norms fold in the training graph's float32 arithmetic
     (the deployed weights and biases are then bit for bit those it trained with; its ConvTransposes stay:
     their weights were trained in that form)."""
     graph = model.graph
-    name_unnamed_nodes(graph)
-    float16 = float16_as_float32(model)  # a float16 body with float32 edges: float32 again (its Casts Identities)
-    same_type_casts_as_identities(graph)  # Open-NSFW's float-to-float Casts, around nearly every op
-    remove_identities(graph)  # paddle2onnx's, between every two ops
-    prelus_from_sums(graph)  # qtool's own output: the PRelus it wrote as sums
-    check_exclude(graph, config.exclude, config.scope)
-    expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
+    normalized = normalize(model, config, read_back_prelus=True)  # qtool's own output: the PRelus it wrote as sums
     names = NameScope(graph)
     constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     pools = means_as_global_pools(graph, default_opset(model), names, config.out_of_scope)  # dynamo's pools
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
-    folds.affine, folds.weight_expressions, folds.float16, folds.global_pools = affine, expressions, float16, pools
+    folds.affine, folds.weight_expressions, folds.float16 = affine, normalized.weight_expressions, normalized.float16
+    folds.global_pools = pools
     if not trained:
         folds.transposed_convs = convtransposes_as_convs(graph, config, names, default_opset(model))
     split_hard_swish(graph, config, names)

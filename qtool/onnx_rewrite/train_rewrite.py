@@ -29,11 +29,8 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
                                 weight_rank)
-from qtool.model.float16 import float16_as_float32, same_type_casts_as_identities
-from qtool.model.graph import remove_identities
-from qtool.model.names import NameScope, context_of, name_unnamed_nodes
+from qtool.model.names import NameScope, context_of
 from qtool.model.opset import convert_opset, default_opset
-from qtool.model.weight_expressions import fold_weight_expressions
 from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite import train_graph as tg
 from qtool.onnx_rewrite._train_ops import Ops
@@ -45,7 +42,8 @@ from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.fold_batch_norms_train import TrainFold, TrainFolder, find_train_folds
 from qtool.onnx_rewrite.hard_activations import gate_parameters, split_hard_swish
-from qtool.onnx_rewrite.placement import QuantPlan, check_exclude, plan_quantization
+from qtool.onnx_rewrite.normalize import normalize
+from qtool.onnx_rewrite.placement import QuantPlan, plan_quantization
 
 
 def existing_contract(model: ir.Model, label: str) -> dict | None:
@@ -121,12 +119,8 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     if opset_in < MIN_OPSET:
         model = convert_opset(model, MIN_OPSET, "the qtool::FakeQuant function body needs")
     graph = model.graph
-    name_unnamed_nodes(graph)
-    float16 = float16_as_float32(model)  # as the eval graph: a float16 body trains in float32
-    same_type_casts_as_identities(graph)  # Open-NSFW's float-to-float Casts, around nearly every op
-    remove_identities(graph)  # paddle2onnx's, between every two ops
-    check_exclude(graph, config.exclude, config.scope)
-    expressions = fold_weight_expressions(graph, default_opset(model), config.out_of_scope)
+    # as the eval graph (a float16 body trains in float32); the PRelus of qtool's own output stay sums here
+    normalized = normalize(model, config, read_back_prelus=False)
     constants_to_initializers(graph)
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     names = NameScope(graph)
@@ -139,8 +133,8 @@ def prepare_train(model: ir.Model, config: QuantConfig) -> TrainGraph:
     planned = model.clone()
     eval_folds = fold_batch_norms(planned.graph, NameScope(planned.graph),
                                   exclude=config.exclude | (all_bns - fold_names))
-    eval_folds.affine, eval_folds.weight_expressions, eval_folds.float16 = affine, expressions, float16
-    eval_folds.global_pools = pools
+    eval_folds.affine, eval_folds.weight_expressions = affine, normalized.weight_expressions
+    eval_folds.float16, eval_folds.global_pools = normalized.float16, pools
     bn_outputs = {n.name: n.outputs[0].name for n in graph if n.name in fold_names}
     aliases: dict[str, str] = {}
     planned_nodes = {n.name: n for n in planned.graph}

@@ -55,12 +55,15 @@ class ClassLayout:
     def has_top1(self) -> bool:
         return self.classes > 1
 
+    def rows(self, out: np.ndarray) -> np.ndarray:
+        """``out`` as one row of classes per sample or position (samples first then positions)."""
+        if self.axis is None:
+            return out
+        return np.ascontiguousarray(np.moveaxis(out, self.axis, -1)).reshape(-1, self.classes)
+
     def top1(self, out: np.ndarray) -> np.ndarray:
         """The top-1 class of every position, samples first then positions (flat)."""
-        if self.axis is None:
-            return m.argmax_rows(out)
-        rows = np.ascontiguousarray(np.moveaxis(out, self.axis, -1)).reshape(-1, self.classes)
-        return m.argmax_rows(rows)
+        return m.argmax_rows(self.rows(out))
 
 
 def class_layout(out: np.ndarray, raw_ndim: int, batch_axis: int | None, class_axis: int | None,

@@ -18,6 +18,7 @@ options (see :mod:`qtool.simulate.session`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import numpy as np
 
 from qtool.errors import QtoolError
 from qtool.kernels import metrics as m
+from qtool.model.io import large_model_bytes
 from qtool.model.session import available_memory
 from qtool.simulate import inputs, latency
 from qtool.simulate.compare import (
@@ -58,6 +60,7 @@ class _Totals:
     predictions: int = 0  # top-1 places compared: samples x positions, batch by batch (a folder's shapes differ)
     varying: bool = False  # the output's values per sample differ between batches (a folder's shapes): no classes
     uneven: bool = False  # its top-1 places per sample differ between batches (tokens of a folder's lengths)
+    order: int = m.SORTED_DESCENDING | m.SORTED_ASCENDING  # the orders every float row kept (m.sorted_rows)
     seconds: dict[str, float] = field(default_factory=dict)
     batch_size: int | None = None  # the batches the pass ran in (smaller than asked where memory is short)
     memory_note: str | None = None  # why the batches are smaller than asked
@@ -70,6 +73,10 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
     calibration); without ``config.quantized`` models it is needed."""
     start = time.perf_counter()
     totals = _Totals()
+    if progress is not None:  # reading large files takes seconds (a BERT-base: 5 s); small ones have no stage
+        large = [size for size in map(large_model_bytes, [model, *config.quantized]) if size is not None]
+        if large:
+            _stage(progress, f"loading the model{'s' if config.quantized else ''} ({sum(large) / 2**20:.0f} MB)", 0, 0)
     f = inputs.load(model, "model")
     output = inputs.output_name(f, config.output)
     config.check_outputs([v.name for v in f.model.graph.outputs], f.label)
@@ -102,18 +109,31 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         notes.append(FLOAT_FUSION_NOTE)
     layout = totals.layout or ClassLayout(2)  # no samples: nothing measured either way
     classes = layout.has_top1
+    no_top1 = None
     if totals.varying:
+        no_top1 = "values per sample differ between batches"
         notes.append(f"output {output!r} holds a different number of values per sample in batches of different "
                      "shapes: not classes; no top-1 and no agreement; judged by SQNR")
     elif layout.classes == 0:
+        no_top1 = "several axes per sample, no --class-axis"
         notes.append(f"output {output!r} spreads each sample over several axes: no top-1 and no agreement without "
                      "--class-axis (e.g. the classes axis of a tagger, a segmenter or a recognizer); judged by SQNR")
+    elif layout.classes == 1:
+        no_top1 = "one value per sample"
+    elif totals.samples and _sorted(totals, layout, inputs.sorting_node(f, output)):
+        classes = False
+        first = "first" if totals.order & m.SORTED_DESCENDING else "last"
+        no_top1 = f"sorted: top-1 always the {first} place"
+        notes.append(f"output {output!r} is sorted along its {layout.classes} classes in every one of the "
+                     f"{totals.predictions} rows of the float model (TopK's values, scores in order): its top-1 is "
+                     f"always the {first} place, so top-1, accuracy and agreement would mean nothing; judged by SQNR")
     has_labels = labels is not None
     predictions = totals.predictions
     return SimulateResult(
         model=f.label, data=dataset.source or "<data>", samples=totals.samples,
         batch_size=totals.batch_size or config.batch_size,
-        output=output, output_kind="classes" if classes else "values", batch_axis=config.axis_for(output),
+        output=output, output_kind="classes" if classes else "values", no_top1=no_top1,
+        batch_axis=config.axis_for(output),
         labels=config.labels, calibration=calibration,
         float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
         float_correct=totals.correct if has_labels and classes else None,
@@ -122,6 +142,22 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         latency=None if timed is None else timed.to_dict(), memory_note=totals.memory_note,
         notes=notes, seconds=round(time.perf_counter() - start, 3), stage_seconds=totals.seconds,
     )
+
+
+# Rows of C classes all sorted one way by chance: 2 / C! each. The float output is taken for sorted scores, not
+# classes, when that chance over all its rows is below this, or when a sorting op (TopK) writes it.
+SORTED_BY_CHANCE = 1e-6
+
+
+def _sorted(totals: _Totals, layout: ClassLayout, sorting_node: str | None) -> bool:
+    """Whether the float output's rows of classes were all sorted one way, and that is no chance (a classifier
+    over 3 classes and 4 samples can be): then its top-1 is a fixed place, not a class."""
+    if not totals.order:
+        return False
+    if sorting_node is not None:
+        return True
+    log_chance = totals.predictions * (math.log(2) - math.lgamma(layout.classes + 1))
+    return log_chance < math.log(SORTED_BY_CHANCE)
 
 
 def _first_sample(dataset) -> dict:
@@ -198,7 +234,12 @@ def _float_batch(runner, number: int, feed: dict, n: int, labels, axis: int, tot
     out = samples_first(raw, axis, n, "the float model's", runner.output)
     layout = _layout(totals, class_layout(out, np.ndim(raw), axis, config.class_axis, runner.output), config,
                      runner.output)
-    top = layout.top1(out) if layout.has_top1 else None
+    top = None
+    if layout.has_top1:
+        rows = layout.rows(out)
+        top = m.argmax_rows(rows)
+        if totals.order:
+            totals.order &= m.sorted_rows(rows)
     lab = None
     if labels is not None:
         lab = _batch_labels(labels[totals.samples : totals.samples + n], layout, out, config, runner.output)

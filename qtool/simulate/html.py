@@ -267,9 +267,11 @@ def _models_section(plt, report: dict) -> list[str]:
                      fmt_acc(m["accuracy"]), fmt_acc(m["agreement"]), fmt_db(o["sqnr_db"]),
                      fmt_num(o.get("relative_rms_error")), fmt_num(o["mean_abs_error"]), fmt_num(o["max_abs_error"]),
                      fmt_num(o["cosine"], 6)])
-    parts.append(_table(["model", "weight bits", "activation bits", "accuracy", "agreement with float",
-                         "output SQNR dB", "relative error", "mean |err|", "max |err|", "cosine"], rows,
-                        [False] + [True] * 9))
+    header = ["model", "weight bits", "activation bits", "accuracy", "agreement with float", "output SQNR dB",
+              "relative error", "mean |err|", "max |err|", "cosine"]
+    if report.get("output_kind", "classes") != "classes":  # no top-1: no accuracy or agreement columns
+        header, rows = header[:3] + header[5:], [r[:3] + r[5:] for r in rows]
+    parts.append(_table(header, rows, [False] + [True] * (len(header) - 1)))
     uri = _heatmap(plt, report)
     if uri:
         parts.append(_img(uri, "accuracy by bit widths", "bits"))
@@ -303,7 +305,7 @@ def _activations(plt, m: dict) -> list[str]:
     return parts
 
 
-def _weights_and_sensitivity(plt, m: dict) -> list[str]:
+def _weights_and_sensitivity(plt, m: dict, top1: bool) -> list[str]:
     parts = []
     ws = m["weights"]
     if ws:
@@ -321,9 +323,12 @@ def _weights_and_sensitivity(plt, m: dict) -> list[str]:
             parts.append(_img(_bar_plot(plt, [s["layer"] for s in sens], [s["sqnr_db"] for s in sens],
                                         f"{m['name']}: output SQNR with one layer quantized", "#c44e52"),
                               "sensitivity", "sensitivity"))
-        parts.append(_table(["output SQNR dB", "accuracy", "agreement", "layer"],
-                            [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]),
-                              f"{s['layer']} ({s['op']})"] for s in sens], [True, True, True, False]))
+        rows = [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]), f"{s['layer']} ({s['op']})"]
+                for s in sens]
+        if top1:
+            parts.append(_table(["output SQNR dB", "accuracy", "agreement", "layer"], rows, [True, True, True, False]))
+        else:
+            parts.append(_table(["output SQNR dB", "layer"], [[r[0], r[3]] for r in rows], [True, False]))
     return parts
 
 
@@ -336,14 +341,17 @@ def render_html(report: dict) -> str:
         f"<title>qtool simulate: {esc(str(report['model']))}</title><style>{_CSS}</style></head><body>",
         f"<h1>qtool simulate: {esc(str(report['model']).replace(chr(92), '/').rsplit('/', 1)[-1])}</h1>",
         f"<p class='meta'>Float model <code>{esc(str(report['model']))}</code> on <code>{esc(str(report['data']))}"
-        f"</code>: {report['samples']} samples, output <code>{esc(report['output'])}</code>, "
+        f"</code>: {report['samples']} samples, output <code>{esc(report['output'])}</code>"
+        + (f" (no top-1: {esc(report['no_top1'])}; judged by SQNR)" if report.get("no_top1") else "") + ", "
         + (f"labels <code>{esc(report['labels'])}</code>." if report["labels"] else "no labels.") + "</p>",
     ]
     parts += _summary(report) + _contents(report) + _models_section(plt, report)
+    top1 = report.get("output_kind", "classes") == "classes"
     for i, m in enumerate(report["models"]):
         parts.append(f'<section id="model-{i}"><h2>{esc(m["name"])}: where the error comes from</h2>')
         parts += [f'<div class="note">{esc(n)}</div>' for n in m["notes"]]
-        parts += _activations(plt, m) + _weights_and_sensitivity(plt, m) + ["</section>"]
+        parts += _activations(plt, m) + _weights_and_sensitivity(plt, m, top1)
+        parts.append("</section>")
     if _notes(report):
         parts.append('<section id="notes"><h2>Notes</h2>')
         parts += [f'<div class="note">{esc(n)}</div>' for n in _notes(report)] + ["</section>"]

@@ -54,6 +54,25 @@ def output_name(model: ModelInput, output: str | None) -> str:
     return output
 
 
+# Ops that keep a row's order (non-strictly) and its values' place: a sorted row read through them stays sorted.
+_ORDER_KEEPING = frozenset({"Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Relu", "Sigmoid",
+                            "Exp", "Clip"})
+
+
+def sorting_node(model: ModelInput, output: str) -> str | None:
+    """The TopK (sorted) whose values ``output`` is, read through ops that keep order: its top-1 is always the first
+    place. A hint only: ``run_simulation`` checks on the float output that every row is sorted."""
+    value = next((v for v in model.model.graph.outputs if v.name == output), None)
+    while value is not None and (node := value.producer()) is not None:
+        if node.op_type == "TopK" and node.domain in ("", "ai.onnx") and value.index() == 0:
+            sort = node.attributes.get("sorted")
+            return None if sort is not None and not sort.as_int() else f"TopK {node.name!r}"
+        if node.op_type not in _ORDER_KEEPING or node.domain not in ("", "ai.onnx") or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
+
+
 def _read_arrays(data) -> dict[str, np.ndarray]:
     """Arrays given in memory (a path is read lazily: :func:`_read_file`)."""
     if isinstance(data, np.ndarray):

@@ -127,9 +127,9 @@ def _header(report: dict, width: int) -> list[str]:
     labels = f", labels '{report['labels']}'" if report["labels"] else ", no labels"
     kind = ""
     if report.get("output_kind", "classes") != "classes":
-        several = report.get("positions", 1) == 0
-        kind = " (several axes per sample, no --class-axis: SQNR, no top-1)" if several else \
-            " (one value per sample: SQNR, no top-1)"
+        why = report.get("no_top1") or ("several axes per sample, no --class-axis"
+                                        if report.get("positions", 1) == 0 else "one value per sample")
+        kind = f" ({why}: SQNR, no top-1)"
     elif report.get("class_axis") is not None:
         per = report.get("positions", 1)
         per = f"{per} per sample" if per is not None else f"{report.get('predictions')} in all, per sample as its shape"
@@ -203,7 +203,7 @@ def _unmatched_lines(unmatched: list[dict], width: int) -> list[str]:
     return [ellipsize(line, width) for line in lines]
 
 
-def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> list[str]:
+def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int, top1: bool) -> list[str]:
     lines = ["", ellipsize(f"{mdl['name']}: quantized activations, worst first (SQNR against the float tensor)", width)]
     acts = mdl["activations"]
     rows = [[fmt_db(a["sqnr_db"]), _pct(a.get("clipped_fraction")),
@@ -231,8 +231,12 @@ def _model_details(mdl: dict, limit: int | None, verbose: bool, width: int) -> l
         lines.append("  sensitivity: one layer quantized at a time, worst first (keep those in float)")
         rows = [[fmt_db(s["sqnr_db"]), fmt_acc(s["accuracy"]), fmt_acc(s["agreement"]), f"{s['layer']} ({s['op']})"]
                 for s in mdl["sensitivity"][:limit]]
-        lines += _table(["out SQNR dB", "accuracy", "agreement", "layer"], rows, [True, True, True, False],
-                        indent="    ", width=width, shrink=3)
+        if top1:
+            lines += _table(["out SQNR dB", "accuracy", "agreement", "layer"], rows, [True, True, True, False],
+                            indent="    ", width=width, shrink=3)
+        else:  # no top-1: the SQNR alone
+            lines += _table(["out SQNR dB", "layer"], [[r[0], r[3]] for r in rows], [True, False],
+                            indent="    ", width=width, shrink=1)
         lines += _more(mdl["sensitivity"], limit)
     if verbose:
         lines += [f"  note: {n}" for n in mdl["notes"]]
@@ -246,8 +250,9 @@ def format_text(report: dict, limit: int | None = 10, verbose: bool = False, wid
     """
     limit = None if verbose else limit
     lines = _header(report, width) + [""] + _model_table(report, width) + _latency_lines(report, width)
+    top1 = report.get("output_kind", "classes") == "classes"
     for mdl in report["models"]:
-        lines += _model_details(mdl, limit, verbose, width)
+        lines += _model_details(mdl, limit, verbose, width, top1)
     if verbose:
         lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

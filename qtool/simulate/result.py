@@ -24,8 +24,9 @@ CONVENTIONS = {
     "non_finite": "JSON has no infinity: +-infinity and NaN are written as the strings \"inf\", \"-inf\", \"nan\"",
     "null": "null means not measured (no labels, no float counterpart, ...); a reason is given beside it",
     "accuracy": "top-1 (argmax over each sample's output, numpy's first-maximum rule) equal to the label",
-    "agreement": "fraction of samples whose top-1 class equals the float model's; null for outputs with one "
-                 "value per sample (a regression or a score), which are judged by SQNR and relative error",
+    "agreement": "fraction of samples whose top-1 class equals the float model's; null for outputs without a "
+                 "top-1 (output_kind \"values\", why in no_top1: one value per sample, several axes without "
+                 "--class-axis, rows sorted like TopK's values), which are judged by SQNR and relative error",
     "cosine": "cosine similarity of the float and quantized tensors, all samples as one vector",
     "order": "activations, weights and sensitivity lists are sorted worst (lowest SQNR) first",
 }
@@ -267,7 +268,7 @@ class SimulateResult:
     samples: int
     batch_size: int
     output: str
-    output_kind: str  # "classes" (top-1 metrics) or "values" (one value per sample: SQNR only)
+    output_kind: str  # "classes" (top-1 metrics) or "values" (no top-1: SQNR only; why in no_top1)
     batch_axis: int | None  # None: the output has no samples axis
     labels: str | None
     calibration: CalibrationInfo | None
@@ -282,12 +283,14 @@ class SimulateResult:
     predictions: int | None = None  # top-1 predictions in all (samples x positions)
     latency: dict | None = None  # one-thread batch-1 timings (latency.Latency.to_dict), when asked
     memory_note: str | None = None  # the batches were made smaller than asked to fit in memory: why
+    no_top1: str | None = None  # output_kind "values": why the output has no top-1 (one value per sample, sorted...)
 
     def to_dict(self) -> dict:
         """The report as plain Python values (``inf``/``nan`` kept as floats; :meth:`write_json` writes them as strings)."""
         return {
             "model": self.model, "data": self.data, "samples": self.samples, "batch_size": self.batch_size,
-            "output": self.output, "output_kind": self.output_kind, "batch_axis": self.batch_axis,
+            "output": self.output, "output_kind": self.output_kind, "no_top1": self.no_top1,
+            "batch_axis": self.batch_axis,
             "labels": self.labels, "class_axis": self.class_axis, "positions": self.positions,
             "predictions": self.predictions,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
