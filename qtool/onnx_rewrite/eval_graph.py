@@ -85,6 +85,7 @@ from qtool.onnx_rewrite.kernel_forms import (
     prelus_as_sums,
     read_codes_through,
     relus_on_their_grid,
+    residual_adds_as_sums,
     space_to_depth_conv,
     static_shape,
     tile_gates,
@@ -114,6 +115,7 @@ class EvalEncoding:
     prelu_sums: list[dict] = field(default_factory=list)  # PRelus of dequantized tensors as Relu + Min * slope
     fused_gelus: list[dict] = field(default_factory=list)  # written-out GELUs as com.microsoft.Gelu / FastGelu
     relus_on_grid: list[dict] = field(default_factory=list)  # Relus before a symmetric grid as LeakyRelu(0)
+    residual_sums: list[dict] = field(default_factory=list)  # float Adds before a LayerNormalization as Sum
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -502,6 +504,7 @@ class EvalEncoder:
             self.result.depthwise_pools = pools_as_depthwise(self.graph, self.names, self.initializer)
             self.result.relus_on_grid = relus_on_their_grid(self.graph, self.names)
         self.result.prelu_sums = prelus_as_sums(self.graph, self.names, self.initializer, self.opset)
+        self.result.residual_sums = residual_adds_as_sums(self.graph, self.names)
         if not self.config.standard_ops:  # com.microsoft.Gelu / FastGelu
             self.result.fused_gelus = gelus_fused(self.graph, self.names)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values

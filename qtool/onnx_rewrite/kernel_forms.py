@@ -540,3 +540,49 @@ def _relu_on_grid(act: ir.Node, scale: float, zero_point: int, top: int) -> bool
         return True
     bounds = clip_bounds(act)
     return bounds is not None and bounds[0] == 0.0 and (bounds[1] is None or bounds[1] >= (top - zero_point) * scale)
+
+
+def _layer_norm_reader(value: ir.Value) -> ir.Node | None:
+    """The LayerNormalization that alone reads ``value`` (at its input 0), or the ``ReduceMean`` of a LayerNorm
+    written out (``Sub(value, ReduceMean(value))``, what onnxruntime's LayerNormFusion makes one first) when those
+    two are its only readers; None otherwise."""
+    if value.is_graph_output():
+        return None
+    readers = list(value.uses())
+    if len(readers) == 1 and is_onnx(readers[0][0], "LayerNormalization") and readers[0][1] == 0:
+        return readers[0][0]
+    if len(readers) != 2 or any(index != 0 for _, index in readers):
+        return None
+    by_op = {node.op_type: node for node, _ in readers if node.domain == ""}
+    mean, sub = by_op.get("ReduceMean"), by_op.get("Sub")
+    if mean is None or sub is None or len(sub.inputs) != 2 or sub.inputs[1] is not mean.outputs[0]:
+        return None
+    return mean
+
+
+def residual_adds_as_sums(graph: ir.Graph, names: NameScope) -> list[dict]:
+    """Each float ``Add`` of two tensors computed from dequantized ones whose only reader is a LayerNormalization
+    (a post-norm transformer's residual Add, float before its LayerNorm since FINDINGS.md section 9) is written as
+    ``Sum`` of the same two inputs: the same float addition, which onnxruntime's SkipLayerNormFusion does not match.
+    That fusion (float models with static 3-D shapes: torch's dynamo exporter declares them) makes it one
+    ``com.microsoft.SkipLayerNormalization``, which onnxruntime 1.32's CPU kernel runs 4x slower than the Add and
+    the LayerNormalization it replaces (1 x 128 x 256: 180 us against 40 us; FINDINGS.md section 24). Returns
+    what was rewritten."""
+    done = []
+    quantized = _from_dequantized(graph)
+    for add in list(graph):
+        if not is_onnx(add, "Add") or len(add.inputs) != 2 or any(
+                v is None or constant_array(v) is not None or v not in quantized for v in add.inputs):
+            continue
+        norm = _layer_norm_reader(add.outputs[0])
+        if norm is None:
+            continue
+        total = ir.node("Sum", list(add.inputs), name=names.node(f"{add.name or 'Add'}/as_sum"))
+        graph.insert_before(add, [total])
+        out = add.outputs[0]
+        name, shape, vtype = out.name, out.shape, out.type
+        out.replace_all_uses_with(total.outputs[0])
+        graph.remove(add, safe=True)
+        total.outputs[0].name, total.outputs[0].shape, total.outputs[0].type = name, shape, vtype
+        done.append({"add": add.name, "sum": total.name, "layer_norm": norm.name})
+    return done

@@ -138,6 +138,7 @@ class RewriteResult:
             "gelus_fused": sum(g["op"] == "Gelu" for g in e.fused_gelus),
             "fast_gelus_fused": sum(g["op"] == "FastGelu" for g in e.fused_gelus),
             "relus_on_their_grid": len(e.relus_on_grid),
+            "residual_adds_as_sums": len(e.residual_sums),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -176,6 +177,8 @@ class RewriteResult:
             "depthwise_pools": e.depthwise_pools,
             "prelu_sums": e.prelu_sums,
             "fused_gelus": e.fused_gelus,
+            "relus_on_grid": e.relus_on_grid,
+            "residual_sums": e.residual_sums,
             "left_in_float": self.left_in_float(),
             "other_float_ops": self.other_float_ops(),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -345,6 +348,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["fast_gelus_fused"], "tanh GELU") + " written out as com.microsoft.FastGelu")
     if c.get("relus_on_their_grid"):
         extra.append(_plural(c["relus_on_their_grid"], "Relu") + " as LeakyRelu(alpha=0) on the output grid")
+    if c.get("residual_adds_as_sums"):
+        extra.append(_plural(c["residual_adds_as_sums"], "Add") + " before a LayerNorm as Sum")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

@@ -36,6 +36,7 @@ MODELS = [
     "legacy13_ResBlock", "legacy13_MLP", "legacy17_MobileBlock", "legacy17_Decoder",
     "dynamo18_ResBlock", "dynamo18_MobileBlock", "dynamo18_MLP", "dynamo18_Decoder", "dynamo18_Shared",
     "dynamo18_Indirect", "dynamo18_const_MobileBlock", "dynamo_SEBlock", "legacy17_SEBlock",
+    "dynamo_PostNormBlock",
     "tf2onnx13_KerasCNN",
 ]
 
@@ -129,7 +130,7 @@ def test_rewrite_eval(name, tmp_path):
 def source_weights(name):
     """Layer weights each model has (a shared weight counts once)."""
     base = name.split("_")[-1]
-    return {"ResBlock": 5, "MobileBlock": 4, "MLP": 3, "MLP3d": 2, "Decoder": 4, "Shared": 4, "Indirect": 3, "SEBlock": 6,
+    return {"ResBlock": 5, "MobileBlock": 4, "MLP": 3, "MLP3d": 2, "Decoder": 4, "Shared": 4, "Indirect": 3, "SEBlock": 6, "PostNormBlock": 5,
             "KerasCNN": 4}[base]
 
 

@@ -232,7 +232,32 @@ def torch_models():
             x = self.bn_project(self.project(x * s))
             return self.fc(x.mean((2, 3)))
 
+    class PostNormBlock(nn.Module):
+        """A BERT layer (post-norm): self-attention, residual Add, LayerNorm, GELU MLP, residual Add, LayerNorm;
+        exported with a dynamic batch and a static sequence, so every value has a static 3-D shape."""
+
+        def __init__(self, dim=32, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.norm1 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, 4 * dim)
+            self.fc2 = nn.Linear(4 * dim, dim)
+            self.norm2 = nn.LayerNorm(dim)
+            self.head = nn.Linear(dim, 3)
+
+        def forward(self, x):
+            n, t, d = x.shape
+            q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = torch.softmax(q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5, dim=-1)
+            y = (a @ v).transpose(1, 2).reshape(n, t, d)
+            x = self.norm1(x + self.proj(y))
+            x = self.norm2(x + self.fc2(nn.functional.gelu(self.fc1(x))))
+            return self.head(x[:, 0])
+
     return {
+        "PostNormBlock": (PostNormBlock, (2, 16, 32)),
         "SEBlock": (SEBlock, (2, 3, 32, 32)),
         "ResBlock": (ResBlock, (2, 3, 16, 16)),
         "MobileBlock": (MobileBlock, (2, 3, 16, 16)),
@@ -329,6 +354,8 @@ def make_torch():
     m, shape = build("SEBlock")
     save("dynamo_SEBlock", export_dynamo(m, shape, opset=None), data(shape))
     save("legacy17_SEBlock", export_legacy(m, shape, 17), data(shape))
+    m, shape = build("PostNormBlock")
+    save("dynamo_PostNormBlock", export_dynamo(m, shape, opset=None), data(shape))
 
 
 # ------------------------------------------------------------------------------------- keras
