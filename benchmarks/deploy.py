@@ -263,7 +263,9 @@ def main(argv=None) -> int:
     pre.add_argument("--zoo", default=ZOO)
     zoo = pre.parse_known_args(argv)[0].zoo
     globals()["ZOO"] = zoo
-    names = sorted(f[:-5] for f in os.listdir(zoo) if f.endswith(".json")) if os.path.isdir(zoo) else []
+    files = set(os.listdir(zoo)) if os.path.isdir(zoo) else set()
+    names = sorted(f[:-5] for f in files if f.endswith(".json")  # a model: its JSON, ONNX file and data (not --json's)
+                   and {f[:-5] + ext for ext in (".onnx", ".calib.npz", ".eval.npz")} <= files)
     ap.add_argument("--zoo", default=ZOO, help="folder of <name>.onnx/.json/.calib.npz/.eval.npz (default: the committed zoo)")
     ap.add_argument("--models", default=",".join(names), help="comma-separated subset (default: all)")
     ap.add_argument("--rounds", type=int, default=200, help="timed rounds per variant (default 200)")

@@ -566,7 +566,7 @@ def residual_adds_as_sums(graph: ir.Graph, names: NameScope) -> list[dict]:
     ``Sum`` of the same two inputs: the same float addition, which onnxruntime's SkipLayerNormFusion does not match.
     That fusion (float models with static 3-D shapes: torch's dynamo exporter declares them) makes it one
     ``com.microsoft.SkipLayerNormalization``, which onnxruntime 1.32's CPU kernel runs 4x slower than the Add and
-    the LayerNormalization it replaces (1 x 128 x 256: 180 us against 40 us; FINDINGS.md section 24). Returns
+    the LayerNormalization it replaces (1 x 128 x 256: 180 us against 40 us; FINDINGS.md section 25). Returns
     what was rewritten."""
     done = []
     quantized = _from_dequantized(graph)
