@@ -641,21 +641,28 @@ def check_simulate_outputs(model, data, config: SimulateConfig, *outputs) -> Non
     check_outputs(list(outputs), read + [data, config.calibration_data])
 
 
-def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateConfig, progress=None) -> list:
-    """The what-if table's models: one fold, plan and calibration, then each (weight, activation)
-    pair written from those ranges (the plan does not depend on the bit widths)."""
-    planned = model.clone()
+def _quantize_pairs(model, data: CalibrationData, pairs: list, config: SimulateConfig, progress=None):
+    """The what-if table's models, ``([(model, warnings)] in the order of the pairs, calibration runs)``: each pair
+    folded and planned as ``rewrite_eval`` does (at the opset it raises the model to), one calibration per
+    distinct plan (one for the whole table unless the bit widths change a rewrite: a ConvTranspose becomes a
+    Conv at 8-bit weights only), each pair written from its plan's ranges."""
     scope = {"scope": config.scope, "exclude": config.exclude}
-    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs), **scope)
-    tensors = fold_and_plan(planned, widest)[2].tensors_to_calibrate()
+    widest = QuantConfig(max(w for w, _ in pairs), max(a for _, a in pairs), **scope)  # the histograms' bits
     calibration = CalibrationConfig(batch_size=config.batch_size)
-    ranges = cal.collect_ranges(planned, tensors, data, calibration, widest, progress).ranges if tensors else {}
-    ranges.update(_branch_ranges(planned, widest, data, calibration, progress))
+    by_plan: dict[tuple, dict] = {}  # the tensors a plan calibrates -> their ranges
     out = []
     for wb, ab in pairs:
-        result = rewrite_eval(model, quant=QuantConfig(wb, ab, **scope), ranges=ranges or None)
+        quant = QuantConfig(wb, ab, **scope)
+        planned = raise_opset(model.clone(), quant)
+        tensors = fold_and_plan(planned, quant)[2].tensors_to_calibrate()
+        key = tuple(sorted(tensors))  # the same tensors at another opset: the same ranges
+        if key not in by_plan:
+            ranges = cal.collect_ranges(planned, tensors, data, calibration, widest, progress).ranges if tensors else {}
+            ranges.update(_branch_ranges(planned, quant, data, calibration, progress))
+            by_plan[key] = ranges
+        result = rewrite_eval(model, quant=quant, ranges=by_plan[key] or None)
         out.append((result.model, result.warnings))
-    return out
+    return out, len(by_plan)
 
 
 TRAIN_EXTRA_MESSAGE = "qtool finetune needs the train extra: pip install 'qtool[train]'"

@@ -247,16 +247,18 @@ class ModelResult:
 
 @dataclass(frozen=True)
 class CalibrationInfo:
-    """Where the ranges of the in-memory models came from (one calibration for every bit width pair)."""
+    """Where the ranges of the in-memory models came from (one calibration for every bit width pair, or one
+    per distinct plan: ``runs``)."""
 
     source: str
     on_evaluation_data: bool
     samples: int | None
     seconds: float | None = None
+    runs: int = 1
 
     def to_dict(self) -> dict:
         return {"source": self.source, "on_evaluation_data": self.on_evaluation_data, "samples": self.samples,
-                "runs": 1, "seconds": self.seconds}
+                "runs": self.runs, "seconds": self.seconds}
 
 
 @dataclass(frozen=True)

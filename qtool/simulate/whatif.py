@@ -2,7 +2,9 @@
 
 Min/max activation ranges do not depend on the bit widths (the quantizer of
 each width is computed from the same range), so the data runs through the
-model once and every pair's model is written from those ranges. That work
+model once and every pair's model is written from those ranges (once per
+distinct plan, where the bit widths change a rewrite: a ConvTranspose becomes
+a Conv at 8-bit weights, not at 4). That work
 joins the rewrites and calibration, so ``qtool.api`` hands it in as a
 :data:`Quantize` function; this module chooses the data and names the models.
 """
@@ -26,7 +28,7 @@ EVAL_DATA_NOTE = ("calibrated on the evaluation data itself (no --calibration-da
 
 
 # (float model, calibration data, [(weight bits, activation bits)], the config, progress(done, total))
-#   -> [(quantized model, warnings)] in the order of the pairs
+#   -> ([(quantized model, warnings)] in the order of the pairs, calibration runs)
 Quantize = Callable[[ir.Model, CalibrationData, list, SimulateConfig, Callable | None], list]
 
 
@@ -62,9 +64,10 @@ def quantize_in_memory(
     pairs = [(wb, ab) for wb in config.weight_bits for ab in config.activation_bits]
     notes = [EVAL_DATA_NOTE] if on_eval else []
     models = []
-    for (wb, ab), (model, warnings) in zip(pairs, quantize(float_model.model, data, pairs, config, progress)):
+    quantized, runs = quantize(float_model.model, data, pairs, config, progress)
+    for (wb, ab), (model, warnings) in zip(pairs, quantized):
         name = f"W{wb}A{ab}"
         notes += [f"{name}: {w}" for w in warnings]
         models.append(QuantizedModel(name, ModelInput(model, None, name), wb, ab))
-    info = CalibrationInfo(label, on_eval, data.num_samples, round(time.perf_counter() - start, 3))
+    info = CalibrationInfo(label, on_eval, data.num_samples, round(time.perf_counter() - start, 3), runs)
     return models, info, notes

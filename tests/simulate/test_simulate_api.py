@@ -226,6 +226,31 @@ def test_what_if_table_calibrates_once_and_equals_separate_rewrites(monkeypatch)
         assert mine["output"] == theirs["output"] and mine["accuracy"] == theirs["accuracy"]
 
 
+def test_what_if_table_of_a_model_below_opset_11_calibrates_what_rewrite_eval_quantizes(tmp_path):
+    """A keras2onnx model (opset 7) with a ConvTranspose: rewrite-eval raises the opset before planning, which
+    writes the ConvTranspose as Conv + DepthToSpace; the what-if table planned its one calibration on the model
+    as given (and at the widest bits, where a 4-bit pair keeps its ConvTranspose), so its ranges lacked the
+    Conv's tensors and every pair was refused ('the given ranges has no range for tensor .../phases':
+    prisma-net, whose user gave no ranges)."""
+    from model_builders import RNG, Builder, x_data
+
+    b = Builder(opset=7, named=False)
+    x = b.input("x", ["N", 8, 6, 6])
+    up = b.node("Relu", [b.node("ConvTranspose", [b.node("Relu", [b.conv(x, 8, 8)]), b.const(
+        (RNG.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32)), b.const(np.zeros(4, np.float32))],
+        kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])])
+    model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
+    onnx.save(b.proto([b.conv(up, 4, 4)]), model)
+    np.savez(data, x=x_data(16, 8, 6, 6))
+    rep = simulate(model, data, SimulateConfig(weight_bits="4,8", calibration_data=data)).report
+    written = [qtool.rewrite_eval(model, calibration_data=data, quant=QuantConfig(weight_bits=wb)) for wb in (4, 8)]
+    assert [r.summary["counts"]["convtransposes_as_convs"] for r in written] == [0, 1]  # 4 bits: no integer Conv
+    ref = simulate(model, data, SimulateConfig(quantized=[r.model for r in written])).report
+    assert [m["name"] for m in rep["models"]] == ["W4A8", "W8A8"] and rep["calibration"]["runs"] == 2  # two plans
+    for mine, theirs in zip(rep["models"], ref["models"]):
+        assert mine["output"] == theirs["output"]
+
+
 def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path):
     """Each integer HardSwish gate qtool writes (an Add the float model lacks) and its +3 constant are not
     compared; the text says so in one line per reason with the count, the JSON lists each one."""
