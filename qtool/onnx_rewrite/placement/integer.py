@@ -333,15 +333,6 @@ class IntegerOps(PlacementRule):
 BROADCAST_RATIO = 8  # a float operand this many times smaller than the quantized one gets its own quantizer
 
 
-def _static_size(ctx: PlanContext, value: ir.Value) -> int | None:
-    shape = value.shape
-    dims = [d if isinstance(d, int) else None for d in shape] if shape is not None else None
-    if dims is None or None in dims:
-        graph = ctx.graph
-        dims = inferred_shapes(graph).get(value.name) if value.name else None
-    return math.prod(dims) if dims is not None and None not in dims else None
-
-
 def _float_broadcast_operand(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> ir.Value | None:
     """The float operand of an Add/Mul of a quantized tensor and a float tensor at least ``BROADCAST_RATIO``
     times smaller (static shapes: a squeeze-excite gate [1, C, 1, 1] over a feature map), or None.
@@ -358,7 +349,7 @@ def _float_broadcast_operand(ctx: PlanContext, node: ir.Node, variable: list[ir.
     small = variable[1] if quantized[0] is variable[0] else variable[0]
     if not ctx.is_float(small) or small.is_graph_input():
         return None
-    big_size, small_size = _static_size(ctx, quantized[0]), _static_size(ctx, small)
+    big_size, small_size = ctx.static_size(quantized[0]), ctx.static_size(small)
     if big_size is None or small_size is None or small_size * BROADCAST_RATIO > big_size:
         return None
     return small
