@@ -24,6 +24,9 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
   - an Add or Mul of quantized tensors gets its output quantized (QLinearAdd,
     QLinearMul), except the additive attention mask path: nothing that feeds a
     Softmax is quantized, so ``-inf``/``-1e4`` masks are never clipped;
+  - and an Add or Mul of a quantized tensor and a **float tensor at least 8 times smaller** (a gate
+    ``[1, C, 1, 1]`` computed in float, static shapes): the small operand gets its own range first
+    (:func:`_float_broadcast_operand`: OSNet-AIN's gates, 0.97x -> 0.94x float);
   - so does an Add or Mul of a quantized tensor and a **scalar constant** (``plan.scalar_operands``):
     the eval graph reads the constant through its own DequantizeLinear, one code whose scale is the
     constant itself (exact: the float graph, the training graph and the deployed model use the same
