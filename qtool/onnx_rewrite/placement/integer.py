@@ -24,6 +24,9 @@ it run every Conv/MatMul/Gemm in integers with the fewest pairs:
   - an Add or Mul of quantized tensors gets its output quantized (QLinearAdd,
     QLinearMul), except the additive attention mask path: nothing that feeds a
     Softmax is quantized, so ``-inf``/``-1e4`` masks are never clipped;
+  - and an Add or Mul of a quantized tensor and a **float tensor at least 8 times smaller** (a gate
+    ``[1, C, 1, 1]`` computed in float, static shapes): the small operand gets its own range first
+    (:func:`_float_broadcast_operand`: OSNet-AIN's gates, 0.97x -> 0.94x float);
   - so does an Add or Mul of a quantized tensor and a **scalar constant** (``plan.scalar_operands``):
     the eval graph reads the constant through its own DequantizeLinear, one code whose scale is the
     constant itself (exact: the float graph, the training graph and the deployed model use the same
@@ -297,6 +300,11 @@ class IntegerOps(PlacementRule):
         consumers = ctx.view.consumers(out)
         if len(consumers) == 1 and fused_activation(consumers[0]):
             return  # onnxruntime fuses the activation into QLinearAdd/QLinearMul: its output is the quantized one
+        gate = _float_broadcast_operand(ctx, node, variable) if len(variable) == 2 else None
+        if gate is not None:
+            ctx.add_activation(gate, "broadcast_operand_quant", context_of(node.name or node.op_type),
+                               f"float operand broadcast over a quantized tensor by {node.op_type} (its own range)",
+                               gate.producer())
         if all(ctx.is_quantized(v) for v in variable):
             what = "a quantized tensor and a scalar constant" if scalar else "two quantized tensors"
             ctx.add_activation(out, f"activation_{node.op_type}_quant", node.name or node.op_type,
@@ -323,6 +331,31 @@ class IntegerOps(PlacementRule):
         if out is not None:
             members.append(out.root())
         _join(ctx, members, group)
+
+
+BROADCAST_RATIO = 8  # a float operand this many times smaller than the quantized one gets its own quantizer
+
+
+def _float_broadcast_operand(ctx: PlanContext, node: ir.Node, variable: list[ir.Value]) -> ir.Value | None:
+    """The float operand of an Add/Mul of a quantized tensor and a float tensor at least ``BROADCAST_RATIO``
+    times smaller (static shapes: a squeeze-excite gate [1, C, 1, 1] over a feature map), or None.
+
+    Quantizing that small operand costs a QuantizeLinear on a few values and lets onnxruntime run the Add/Mul
+    as QLinearAdd/QLinearMul; left in float, the large operand is dequantized, the op runs in float and its
+    output is quantized again for the next layer. OpenVINO's OSNet-AIN person re-identifier (tf2onnx, Open
+    Model Zoo's person-reidentification-retail-0287) computes 12 of its 24 gates as
+    ``Sigmoid(affine(instance-norm(GAP(x))))``, the normalisation written out in float arithmetic, so the
+    gate's input is not quantized (benchmarks/zoo/FINDINGS.md section 24)."""
+    quantized = [v for v in variable if ctx.is_quantized(v)]
+    if len(quantized) != 1 or not all(ctx.carries_data(v) for v in variable):
+        return None
+    small = variable[1] if quantized[0] is variable[0] else variable[0]
+    if not ctx.is_float(small) or small.is_graph_input():
+        return None
+    big_size, small_size = ctx.static_size(quantized[0]), ctx.static_size(small)
+    if big_size is None or small_size is None or small_size * BROADCAST_RATIO > big_size:
+        return None
+    return small
 
 
 def _integer_gate(ctx: PlanContext, node: ir.Node) -> None:

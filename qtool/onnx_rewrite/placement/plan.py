@@ -12,6 +12,7 @@ float with the reason. Rules (:class:`PlacementRule`) add to it through a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.model.graph import GraphView
 from qtool.model.layers import LAYER_OPS
-from qtool.model.opset import inferred_types
+from qtool.model.opset import current_shapes, inferred_types
 from qtool.onnx_rewrite.matcher import Match
 from qtool.onnx_rewrite.patterns import RANGE_PRESERVING_OPS
 
@@ -287,6 +288,7 @@ class PlanContext:
         self._left: dict[str, LeftInFloat] = {}
         self.handled: set[int] = set()  # nodes some rule looked at
         self._types: dict | None = None  # inferred element types, computed when first needed
+        self._shapes: dict | None = None  # inferred shapes, likewise (not kept in the graph: later rewrites)
         self._varying: set[int] | None = None  # ids of values that depend on a graph input
         self._data: set[int] | None = None  # ids of values that depend on a graph input's values
 
@@ -312,6 +314,15 @@ class PlanContext:
                 self._types = inferred_types(self.graph)
             dtype = self._types.get(value.name)
         return dtype is None or dtype == ir.DataType.FLOAT
+
+    def static_size(self, value: ir.Value) -> int | None:
+        """The number of elements of ``value`` when its shape is static (in the model, or by shape inference)."""
+        dims = [d if isinstance(d, int) else None for d in value.shape] if value.shape is not None else None
+        if dims is None or None in dims:
+            if self._shapes is None:
+                self._shapes = current_shapes(self.graph)
+            dims = self._shapes.get(value.name) if value.name else None
+        return math.prod(dims) if dims is not None and None not in dims else None
 
     def varies(self, value: ir.Value) -> bool:
         """Whether ``value`` depends on a graph input (or on a random op, or a node with subgraphs): a
