@@ -101,7 +101,6 @@ def _whisper():
 
 
 def _t5():
-    import torch
     import transformers
 
     config = transformers.T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128)
