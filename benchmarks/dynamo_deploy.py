@@ -1,0 +1,158 @@
+"""Float vs qtool int8 vs onnxruntime int8 on real architectures exported by torch's dynamo exporter.
+
+    python benchmarks/dynamo_deploy.py MODELS_DIR [--models bert,vit] [--rounds 30] [--keep DIR] [--json FILE]
+
+``MODELS_DIR`` is what ``benchmarks/dynamo_exports.py`` writes (``<name>.onnx`` + ``.onnx.data``,
+``<name>.calib.npz``, ``<name>.json``). Per model, in one run, as ``deploy.py`` does for the zoo
+(its functions, imported): qtool's ``rewrite_eval`` and onnxruntime's ``quant_pre_process`` +
+``quantize_static`` over the same calibration samples; the one-thread latency at batch 1 of the three
+variants interleaved round-robin (median ``time.thread_time``); the float Conv/MatMul/Gemm layers left in
+onnxruntime's optimized graph; and the SQNR of each int8 model's output against the float model's
+(dB, over 8 held-out inputs drawn as the calibration ones were: random-normal images / features, uniform
+token ids), since the weights are random and there is no task metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import deploy  # noqa: E402
+
+
+def eval_inputs(calib: dict[str, np.ndarray], n: int = 8) -> dict[str, np.ndarray]:
+    """Held-out inputs like the calibration ones (another seed)."""
+    rng = np.random.default_rng(1)
+    out = {}
+    for k, v in calib.items():
+        if v.dtype == np.int64 and v.min() == v.max() == 1:  # attention mask
+            out[k] = np.ones((n, *v.shape[1:]), np.int64)
+        elif v.dtype == np.int64:
+            out[k] = rng.integers(int(v.min()), int(v.max()) + 1, size=(n, *v.shape[1:])).astype(np.int64)
+        else:
+            out[k] = rng.standard_normal((n, *v.shape[1:])).astype(np.float32)
+    return out
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    ref = ref.astype(np.float64)
+    noise = np.sum((ref - got.astype(np.float64)) ** 2)
+    return float(10 * np.log10(np.sum(ref ** 2) / noise)) if noise > 0 else float("inf")
+
+
+def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_samples: int | None = None) -> dict:
+    model = os.path.join(models_dir, name + ".onnx")
+    calib_path = os.path.join(models_dir, name + ".calib.npz")
+    calib = dict(np.load(calib_path))
+    evals = eval_inputs(calib)
+    # onnxruntime's calibrator holds every intermediate tensor of every batch: SegFormer at 512 px with 32
+    # samples is killed for memory on a 23 GB machine (--ort-samples 8 fits)
+    ort_calib = {k: v[:ort_samples] for k, v in calib.items()}
+    os.makedirs(tmp, exist_ok=True)
+    paths = {"float": model, "qtool": os.path.join(tmp, name + ".qtool.onnx"),
+             "ort": os.path.join(tmp, name + ".ort.onnx")}
+    row = {"model": name, "variants": {"float": {}}}
+    for variant, quantize in (("qtool", lambda: deploy.quantize_qtool(model, paths["qtool"], calib_path)),
+                              ("ort", lambda: deploy.quantize_ort(model, paths["ort"], ort_calib, tmp))):
+        t = time.perf_counter()
+        try:
+            note = quantize()
+            row["variants"][variant] = {"quantize_s": round(time.perf_counter() - t, 1), "note": note}
+        except Exception as e:  # a failing tool is a result
+            row["variants"][variant] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            paths.pop(variant)
+    sessions, outs = {}, {}
+    for variant, path in paths.items():
+        info = row["variants"][variant]
+        opt = os.path.join(tmp, f"{name}.{variant}.optimized.onnx")
+        try:
+            ort.InferenceSession(path, deploy.session_options(opt), providers=["CPUExecutionProvider"])
+            names = []
+            ops = deploy.graph_ops(opt, names)
+            info.update(deploy.layer_counts(ops))
+            info["float_layer_nodes"] = names
+            info["optimized_ops"] = dict(sorted(ops.items()))
+            sess = ort.InferenceSession(path, deploy.session_options(), providers=["CPUExecutionProvider"])
+            outs[variant] = deploy.run_all(sess, evals, chunk=4)
+            sessions[variant] = sess
+        except Exception as e:
+            info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    for variant in ("qtool", "ort"):
+        if variant in outs and "float" in outs:
+            row["variants"][variant]["sqnr_db"] = sqnr_db(outs["float"], outs[variant])
+    one = {k: v[:1] for k, v in evals.items()}
+    for variant, seconds in deploy.median_seconds(sessions, one, rounds, warmup).items():
+        row["variants"][variant]["latency_ms"] = 1000 * seconds
+    base = row["variants"]["float"].get("latency_ms")
+    for variant in sessions:
+        if base:
+            row["variants"][variant]["ratio"] = row["variants"][variant]["latency_ms"] / base
+    return row
+
+
+def fmt_table(rows: list[dict]) -> str:
+    lines = ["| model | float ms | qtool (x float) | ort (x float) | SQNR dB qtool / ort "
+             "| float layers left: float / qtool / ort |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        v = row["variants"]
+
+        def get(variant, key, fmt):
+            x = v.get(variant, {})
+            return fmt.format(x[key]) if key in x else ("error" if "error" in x else "-")
+
+        lines.append(f"| {row['model']} | {get('float', 'latency_ms', '{:.1f}')} | {get('qtool', 'ratio', '{:.2f}x')} "
+                     f"| {get('ort', 'ratio', '{:.2f}x')} | {get('qtool', 'sqnr_db', '{:.1f}')} / "
+                     f"{get('ort', 'sqnr_db', '{:.1f}')} | " + " / ".join(get(n, "float_layers", "{}") for n in
+                                                                            deploy.VARIANTS) + " |")
+    errors = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
+    errors += [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
+               if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    return "\n".join(lines + ([""] + errors if errors else []))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models_dir")
+    ap.add_argument("--models", help="comma-separated subset (default: every <name>.json in MODELS_DIR)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--ort-samples", type=int, help="calibrate onnxruntime's quantize_static on the first N "
+                    "samples only (its calibrator keeps every tensor of every batch in memory)")
+    ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
+    ap.add_argument("--json", help="also write all results to this JSON file")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.models_dir):
+        print(f"no such folder: {args.models_dir}", file=sys.stderr)
+        return 2
+    have = sorted(f[:-5] for f in os.listdir(args.models_dir) if f.endswith(".json"))
+    chosen = args.models.split(",") if args.models else have
+    missing = [m for m in chosen if m not in have]
+    if missing:
+        print(f"not in {args.models_dir}: {', '.join(missing)} (it has {', '.join(have)})", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dynamo_deploy_") as scratch:
+        for name in chosen:
+            t = time.perf_counter()
+            rows.append(bench(args.models_dir, name, args.rounds, args.warmup, os.path.join(args.keep or scratch, name),
+                              args.ort_samples))
+            print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+            if args.json:
+                json.dump(rows, open(args.json, "w"), indent=1)
+    print(fmt_table(rows))
+    print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
+          "median of time.thread_time, variants interleaved")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
