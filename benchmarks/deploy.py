@@ -204,14 +204,20 @@ def bench_model(name: str, rounds: int, warmup: int, tmp: str) -> dict:
         except Exception as e:
             info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
-    times = median_seconds(sessions, one, rounds, warmup)
+    time_variants(row, sessions, one, rounds, warmup)
+    return row
+
+
+def time_variants(row: dict, sessions: dict, feeds: dict, rounds: int, warmup: int) -> None:
+    """Each session's one-thread latency (``median_seconds``) into ``row["variants"][name]``: ``latency_ms``, and
+    ``ratio`` against the ``float`` variant's."""
+    times = median_seconds(sessions, feeds, rounds, warmup)
     for variant, seconds in times.items():
         row["variants"][variant]["latency_ms"] = 1000 * seconds
     base = row["variants"]["float"].get("latency_ms")
     for variant in times:
         if base:
             row["variants"][variant]["ratio"] = row["variants"][variant]["latency_ms"] / base
-    return row
 
 
 def fmt_table(rows: list[dict]) -> str:

@@ -89,13 +89,7 @@ def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_sa
     for variant in ("qtool", "ort"):
         if variant in outs and "float" in outs:
             row["variants"][variant]["sqnr_db"] = sqnr_db(outs["float"], outs[variant])
-    one = {k: v[:1] for k, v in evals.items()}
-    for variant, seconds in deploy.median_seconds(sessions, one, rounds, warmup).items():
-        row["variants"][variant]["latency_ms"] = 1000 * seconds
-    base = row["variants"]["float"].get("latency_ms")
-    for variant in sessions:
-        if base:
-            row["variants"][variant]["ratio"] = row["variants"][variant]["latency_ms"] / base
+    deploy.time_variants(row, sessions, {k: v[:1] for k, v in evals.items()}, rounds, warmup)
     return row
 
 
