@@ -160,6 +160,7 @@ def check_output(path: str, float_path: str, sample: dict | None, deployed: bool
 
     if not os.path.exists(path):
         return "no output file"
+    ort.set_default_logger_severity(3)  # the process-wide logger prints Resize's deprecation warnings otherwise
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
