@@ -63,5 +63,9 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    if debug:  # qtool keeps onnxruntime's log to errors; click has loaded the command's module (and qtool.api) by now
+    # qtool keeps onnxruntime's log to errors, its process-wide logger too since the process is the CLI's; click has
+    # loaded the command's module (and qtool.api) by now
+    if debug:
         importlib.import_module("qtool.api").show_onnxruntime_warnings()
+    else:
+        importlib.import_module("qtool.model.session").own_process_log()

@@ -82,17 +82,25 @@ SESSION_MEMORY_SETTINGS = (False, True)
 # onnxruntime's own log, set in one place (``_create``) for every session qtool makes. Its warnings went to stderr
 # from each of them: a tf2onnx model's Resize with the deprecated `tf_half_pixel_for_nn` printed one line per node
 # per session, screens of them around qtool's progress. Most come from onnxruntime's default logger, which is
-# process-wide and which session options do not reach; qtool keeps it to errors. The session's own logger is kept
-# to fatal: qtool reports a failed run itself, in one line (ERROR lines of a failing node went to stderr before it).
-# ``show_onnxruntime_warnings()`` (``qtool --debug``) gives both back onnxruntime's default, warnings.
+# process-wide and which session options do not reach: the CLI, whose process it is, keeps it to errors
+# (``own_process_log``); a program that calls qtool's API keeps its own setting (onnxruntime has no getter to
+# restore it from). The session's own logger is kept to fatal: qtool reports a failed run itself, in one line (ERROR
+# lines of a failing node went to stderr before it). ``show_onnxruntime_warnings()`` (``qtool --debug``) gives both
+# back onnxruntime's default, warnings.
 QUIET_LOG = (3, 4)  # (default logger, session logger): onnxruntime's severities, 2 warning, 3 error, 4 fatal
 WARNINGS_LOG = (2, 2)
-_log = {"levels": QUIET_LOG}
+_log = {"levels": QUIET_LOG, "process": False}
+
+
+def own_process_log() -> None:
+    """This process is qtool's (the CLI): the sessions made from now on set onnxruntime's process-wide logger too."""
+    _log["process"] = True
 
 
 def show_onnxruntime_warnings(show: bool = True) -> None:
     """Let onnxruntime print its warnings (its default) in the sessions made from now on, or keep them quiet."""
     _log["levels"] = WARNINGS_LOG if show else QUIET_LOG
+    _log["process"] = True
 
 
 def session_options(*, optimize: bool = True) -> ort.SessionOptions:
@@ -148,7 +156,8 @@ def file_session(path: str, *, options: ort.SessionOptions | None = None, what: 
 
 def _create(source, options: ort.SessionOptions, what: str) -> ort.InferenceSession:
     default_level, session_level = _log["levels"]
-    ort.set_default_logger_severity(default_level)
+    if _log["process"]:
+        ort.set_default_logger_severity(default_level)
     options.log_severity_level = session_level
     try:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])

@@ -56,3 +56,18 @@ def test_onnxruntime_warnings_stay_off_stderr(resize_model, command):
 def test_debug_shows_them(resize_model):
     err = _qtool("--debug", "simulate", resize_model / "resize.onnx", "--data", resize_model / "data.npz")
     assert WARNING in err  # the model does make onnxruntime warn
+
+
+def test_a_program_calling_the_api_keeps_onnxruntime_s_process_log(resize_model):
+    """onnxruntime's default logger is process-wide: qtool's API leaves it as the calling program has it (its own
+    sessions warn as before), while qtool's sessions stay quiet on their own logger."""
+    script = (
+        "import sys, onnxruntime as ort, qtool.api as api\n"
+        f"api.rewrite_eval({str(resize_model / 'resize.onnx')!r}, {str(resize_model / 'api.onnx')!r}, "
+        f"calibration_data={str(resize_model / 'data.npz')!r})\n"
+        "print('--- own session ---', file=sys.stderr, flush=True)\n"
+        f"ort.InferenceSession({str(resize_model / 'resize.onnx')!r}, providers=['CPUExecutionProvider'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    own = proc.stderr.split("--- own session ---")[1]
+    assert WARNING in own, proc.stderr
