@@ -49,6 +49,10 @@ QLinearAveragePool and may land one step away on a rare tie, as any fused kernel
   bit; FINDINGS.md section 14). The same formula, computed by one kernel. GPT-2's tanh form (``x * 0.5 * (1 +
   tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``, nine ops) becomes ``com.microsoft.FastGelu(x)`` the same way
   (onnxruntime's FastGeluFusion of the float model; FINDINGS.md section 20).
+- :func:`residual_adds_as_sums`: a post-norm transformer's float residual ``Add`` read only by its LayerNorm is
+  written ``Sum``, the same float addition: onnxruntime fuses ``Add + LayerNormalization`` with static 3-D shapes
+  (torch's dynamo exporter declares them) into a SkipLayerNormalization that its CPU kernel runs 4x slower than
+  the two ops (BERT exported by dynamo 0.505x -> 0.411x float; FINDINGS.md section 25).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ import onnx_ir as ir
 
 from qtool.model.codec import DEQUANTIZE, QUANTIZE, dequantize_node, is_onnx, value_dtype
 from qtool.model.constants import clip_bounds, constant_array, constant_source, remove_if_unused
+from qtool.model.graph import take_over
 from qtool.model.names import NameScope
 from qtool.model.opset import inferred_shapes
 from qtool.onnx_rewrite.channel_padding import DEPTHWISE_CHANNEL_ALIGN
@@ -583,10 +588,7 @@ def residual_adds_as_sums(graph: ir.Graph, names: NameScope) -> list[dict]:
             continue
         total = ir.node("Sum", list(add.inputs), name=names.node(f"{add.name or 'Add'}/as_sum"))
         graph.insert_before(add, [total])
-        out = add.outputs[0]
-        name, shape, vtype = out.name, out.shape, out.type
-        out.replace_all_uses_with(total.outputs[0])
+        take_over(add.outputs[0], total.outputs[0])
         graph.remove(add, safe=True)
-        total.outputs[0].name, total.outputs[0].shape, total.outputs[0].type = name, shape, vtype
         done.append({"add": add.name, "sum": total.name, "layer_norm": norm.name})
     return done
