@@ -460,6 +460,9 @@ class EvalEncoder:
                 self.result.left_in_float.append(LeftInFloat(
                     layer.name, layer.op_type, "runs in float: onnxruntime's CPU provider has no integer "
                     "ConvTranspose kernel (the int8 weight is dequantized at run time)"))
+        for node in self.graph:  # attention as one op: its two products are layers qtool cannot reach
+            if (node.domain, node.op_type) in FUSED_ATTENTION and self.config.out_of_scope(node) is None:
+                self.result.left_in_float.append(LeftInFloat(node.name, node.op_type, FUSED_ATTENTION_REASON))
 
     def _weight_exists(self, layer: ir.Node) -> bool:
         w = layer.inputs[1] if len(layer.inputs) > 1 else None
@@ -510,6 +513,15 @@ class EvalEncoder:
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         return self.result
+
+
+# attention written as one op (ONNX's Attention, opset 23: what torch's exporter writes for
+# scaled_dot_product_attention at opset_version=23; onnxruntime's contrib ops in a model its transformer optimizer
+# fused): Q.K^T and P.V are inside it, and onnxruntime 1.32 runs it in float
+FUSED_ATTENTION = {("", "Attention"), ("com.microsoft", "Attention"), ("com.microsoft", "MultiHeadAttention")}
+FUSED_ATTENTION_REASON = ("runs in float: onnxruntime has no integer kernel for attention as one op, so its "
+                          "Q.K^T and P.V products stay float (exported below opset 23, they are MatMuls qtool "
+                          "quantizes)")
 
 
 def _input_dq(layer: ir.Node) -> ir.Node | None:

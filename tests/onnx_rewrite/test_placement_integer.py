@@ -567,3 +567,17 @@ def test_packed_int4_weights_and_int8_activations_are_noted():
     assert not [n for n in plain.notes if "int4" in n or "int8-activations" in n]
     assert [n for n in both.notes if n.startswith("1 weight(s) packed as int4 (--pack-int4)")]
     assert [n for n in both.notes if n.startswith("activations stored as int8 (--int8-activations)")]
+
+
+def test_attention_as_one_op_is_reported_in_float():
+    """torch exports ``scaled_dot_product_attention`` at opset 23 as ONNX's ``Attention``: its two products are
+    inside the op, onnxruntime runs it in float, and the summary says so (the Linears around it are integer)."""
+    b = Builder(opset=23, ir_version=10)
+    x = b.input("x", ["N", 4, 2, 8])  # [batch, heads, tokens, head size]
+    q, k, v = (b.matmul(x, 8, 8) for _ in range(3))
+    y = b.node("Attention", [q, k, v], name="sdpa")
+    y = b.matmul(y, 8, 8)
+    result = qtool.rewrite_eval(b.proto([y]), calibration_data={"x": x_data(8, 4, 2, 8)})
+    left = {e["node"]: e for e in result.summary["left_in_float"]}
+    assert left["sdpa"]["op"] == "Attention" and "Q.K^T and P.V" in left["sdpa"]["reason"]
+    assert result.summary["counts"]["layers_quantized"] == 4
