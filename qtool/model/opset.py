@@ -148,12 +148,7 @@ def inferred_ranks(graph: ir.Graph) -> dict[str, int]:
     unknown until shape inference runs. Failures give an empty map: the rank
     stays unknown and the caller reports why it cannot use it.
     """
-    ranks: dict[str, int] = {}
-    for vi in _inferred(graph):
-        t = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and t.HasField("shape"):
-            ranks[vi.name] = len(t.shape.dim)
-    return ranks
+    return inferred_ranks_and_types(graph)[0]
 
 
 def inferred_shapes(graph: ir.Graph) -> dict[str, tuple]:
@@ -178,11 +173,22 @@ def current_shapes(graph: ir.Graph) -> dict[str, tuple]:
 
 def inferred_types(graph: ir.Graph) -> dict[str, ir.DataType]:
     """Tensor name -> element type from onnx shape inference (for values the model does not type)."""
+    return inferred_ranks_and_types(graph)[1]
+
+
+def inferred_ranks_and_types(graph: ir.Graph) -> tuple[dict[str, int], dict[str, ir.DataType]]:
+    """:func:`inferred_ranks` and :func:`inferred_types` from one run of shape inference."""
+    ranks: dict[str, int] = {}
     types: dict[str, ir.DataType] = {}
     for vi in _inferred(graph):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = ir.DataType(vi.type.tensor_type.elem_type)
-    return types
+        if not vi.type.HasField("tensor_type"):
+            continue
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            ranks[vi.name] = len(t.shape.dim)
+        if t.elem_type:
+            types[vi.name] = ir.DataType(t.elem_type)
+    return ranks, types
 
 
 def _inferred(graph: ir.Graph) -> list:

@@ -24,7 +24,7 @@ import onnx_ir as ir
 from qtool.model.constants import remove_if_unused
 from qtool.model.graph import take_over
 from qtool.model.names import NameScope
-from qtool.model.opset import inferred_ranks, inferred_types
+from qtool.model.opset import inferred_ranks_and_types
 from qtool.model.weight_expressions import ExpressionFolder
 
 FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
@@ -58,7 +58,7 @@ class _Inferred:
         dtype = x.dtype
         if rank is None or dtype is None:
             if self.ranks is None:
-                self.ranks, self.types = inferred_ranks(self.graph), inferred_types(self.graph)
+                self.ranks, self.types = inferred_ranks_and_types(self.graph)  # one shape inference
             rank = rank if rank is not None else self.ranks.get(x.name)
             dtype = dtype if dtype is not None else self.types.get(x.name)
         return rank, dtype
