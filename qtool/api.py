@@ -144,6 +144,8 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     _check_float(opened)
     # the model as given, before the rewrite changes it
     float_timing = latency.one_thread_session(opened.model, what="the float model") if latency_rounds else None
+    float_profiled = latency.one_thread_session(opened.model, what="the float model", profiled=True) \
+        if latency_rounds else None
     clock.lap("load")
     given = cal.read_ranges(ranges) if ranges is not None else None
     auto = calibration.method == AUTO and calibration_data is not None
@@ -187,22 +189,27 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("save")
     timed = None
     if float_timing is not None and (check is None or check.error is None):
-        timed = _time_written(float_timing, prepared.model, data, calibration.batch_size, latency_rounds)
+        timed = _time_written(float_timing, float_profiled, prepared.model, data, calibration.batch_size,
+                              latency_rounds)
         warnings += timed_warnings(timed)
         clock.lap("latency")
     return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
                          clock.laps, branches, check, timed)
 
 
-def _time_written(float_session, written, data: CalibrationData, batch_size: int, rounds: int):
-    """The float model's and the written model's one-thread latency on the data's first sample."""
+def _time_written(float_session, float_profiled, written, data: CalibrationData, batch_size: int, rounds: int):
+    """The float model's and the written model's one-thread latency on the data's first sample, and where the
+    time of each goes (``float_profiled``: the float model's session with the profiler on)."""
     batches = data.batches(batch_size)
     try:
         feed = data.first_sample(next(batches))
     finally:
         batches.close()
-    return latency.timed(float_session, {"quantized": latency.one_thread_session(written, what="the written model")},
-                         feed, rounds)
+    timed = latency.timed(float_session, {"quantized": latency.one_thread_session(written, what="the written model")},
+                          feed, rounds)
+    profiled = latency.one_thread_session(written, what="the written model", profiled=True)
+    return timed.with_ops({latency.FLOAT: latency.op_times(float_profiled, feed),
+                           "quantized": latency.op_times(profiled, feed)})
 
 
 AUTO_MARGIN_DB = 0.5

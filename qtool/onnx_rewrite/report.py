@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from qtool.config import QuantConfig, TrainSchedule
+from qtool.model.profile import op_summary_lines
 from qtool.onnx_rewrite.eval_graph import EvalEncoding
 from qtool.onnx_rewrite.eval_rewrite import EvalGraph
 from qtool.onnx_rewrite.placement.plan import IN_SUBGRAPH
@@ -369,10 +370,17 @@ def format_summary(s: dict) -> str:
 
 
 def _latency_lines(timed: dict | None) -> list[str]:
-    """The float and the written model timed in onnxruntime (qtool.simulate.latency)."""
-    return [f"  latency                {m['x_float']:.2f}x float ({m['ms']:.3g} ms against {timed['float_ms']:.3g} ms; "
-            f"one thread, batch 1, median of {timed['rounds']} rounds)" for m in (timed or {}).get("models", [])
-            if m["x_float"] is not None]
+    """The float and the written model timed in onnxruntime, and where their time goes (qtool.simulate.latency)."""
+    lines = [f"  latency                {m['x_float']:.2f}x float ({m['ms']:.3g} ms against {timed['float_ms']:.3g} ms; "
+             f"one thread, batch 1, median of {timed['rounds']} rounds)" for m in (timed or {}).get("models", [])
+             if m["x_float"] is not None]
+    by_op = (timed or {}).get("by_op", {}) if lines else {}
+    for name, label in (("quantized", "int8"), ("float", "float")):
+        if by_op.get(name):
+            wrapped = op_summary_lines(by_op[name], WIDTH - 25)
+            lines.append(f"    {label + ' time by op':21}{wrapped[0]}")
+            lines.extend(f"{'':25}{more}" for more in wrapped[1:])
+    return lines
 
 
 def _check_lines(check: dict | None) -> list[str]:

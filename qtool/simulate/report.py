@@ -14,6 +14,7 @@ import re
 import textwrap
 
 from qtool.model.io import write_text
+from qtool.model.profile import op_summary_lines
 
 
 def json_safe(value):
@@ -180,7 +181,12 @@ def _latency_lines(report: dict, width: int) -> list[str]:
         lines.append(ellipsize(f"  slower than float: {', '.join(slower)}", width))
         lines.append("    per-op overhead (small tensors) and the ops left in float between DequantizeLinear and")
         lines.append("    QuantizeLinear (rewrite-eval's 'ops in float') cost more than the integer layers save")
-        lines.append("    (docs/deploy.md)")
+        lines.append("    (docs/deploy.md); where the time goes, in onnxruntime's profile (ms per run):")
+        by_op = lat.get("by_op", {})
+        for name in ["float"] + slower:
+            if by_op.get(name):
+                lines.append(ellipsize(f"    {name}:", width))
+                lines.extend(f"      {line}" for line in op_summary_lines(by_op[name], width - 6))
     return lines
 
 

@@ -103,3 +103,71 @@ def test_rewrite_eval_latency_needs_data(tmp_path):
     run = CliRunner().invoke(main, ["rewrite-eval", str(SAMPLES / "digits_cnn.onnx"), "-o", str(tmp_path / "q.onnx"),
                                     "--latency"])
     assert run.exit_code == 2 and "give --data" in run.output and not (tmp_path / "q.onnx").exists()
+
+
+def _check_by_op(times, integer: bool):
+    assert times and all(t["ms"] >= 0 and t["nodes"] >= 1 for t in times)
+    assert [t["ms"] for t in times] == sorted((t["ms"] for t in times), reverse=True)
+    ops = {t["op"] for t in times}
+    # onnxruntime's optimized graph: the int8 model's convolutions run as QLinearConv, the float model's do not
+    assert ("QLinearConv" in ops) == integer
+    assert ops & {"Conv", "FusedConv", "QLinearConv"}
+
+
+def test_rewrite_eval_latency_says_where_the_time_goes(tmp_path, monkeypatch):
+    """The float and the written model, profiled by onnxruntime: per op type of its optimized graph, the
+    milliseconds of a run and the node count (JSON ``latency.by_op``; two summary lines); the profiler's files go to
+    a temporary folder that is removed."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"),
+                                latency_rounds=3)
+    by_op = result.to_dict()["latency"]["by_op"]
+    assert set(by_op) == {"float", "quantized"}
+    _check_by_op(by_op["float"], integer=False)
+    _check_by_op(by_op["quantized"], integer=True)
+    text = result.format_text()
+    top = by_op["quantized"][0]
+    assert f"    int8 time by op      {top['op']} {top['ms']:.3g} ms x{top['nodes']}" in text
+    assert "    float time by op     " in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_latency_profiles_every_model(quantized, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    res = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "eval.npz"),
+                   SimulateConfig(quantized=[str(quantized)], latency_rounds=3))
+    by_op = res.to_dict()["latency"]["by_op"]
+    assert set(by_op) == {"float", res.models[0].name}
+    _check_by_op(by_op["float"], integer=False)
+    _check_by_op(by_op[res.models[0].name], integer=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_slower_model_shows_where_the_time_goes():
+    from qtool.simulate.report import _latency_lines
+
+    times = [{"op": f"Op{i}", "ms": 1.0 / (i + 1), "nodes": i + 1} for i in range(8)]
+    lat = {"rounds": 5, "float_ms": 1.0, "models": [{"name": "q", "ms": 1.2, "x_float": 1.2},
+                                                     {"name": "fast", "ms": 0.5, "x_float": 0.5}],
+           "by_op": {"float": times, "q": times[:2], "fast": times}}
+    lines = _latency_lines({"latency": lat}, 100)
+    text = "\n".join(lines)
+    assert "  slower than float: q" in text
+    assert "    float:\n      Op0 1 ms x1, Op1 0.5 ms x2, Op2 0.333 ms x3, Op3 0.25 ms x4, Op4 0.2 ms x5," in text
+    assert "3 more op types 0.435 ms" in text  # 1/6 + 1/7 + 1/8
+    assert "    q:\n      Op0 1 ms x1, Op1 0.5 ms x2" in text
+    assert "    fast:" not in text  # only the slower models and float
+
+
+def test_op_summary_lines_never_split_an_item():
+    from qtool.model.profile import op_summary_lines
+
+    times = [{"op": "MatMulIntegerToFloat", "ms": 0.0705, "nodes": 11}, {"op": "QLinearConv", "ms": 0.05, "nodes": 3},
+             {"op": "Add", "ms": 0.01, "nodes": 1}]
+    assert op_summary_lines(times, 36) == ["MatMulIntegerToFloat 0.0705 ms x11,", "QLinearConv 0.05 ms x3,",
+                                           "Add 0.01 ms x1"]
+    assert op_summary_lines(times, 200, top=1) == ["MatMulIntegerToFloat 0.0705 ms x11, 2 more op types 0.06 ms"]
