@@ -20,42 +20,27 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections import defaultdict
 
 import numpy as np
-import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import deploy  # noqa: E402
 import zoo_metrics  # noqa: E402
+from qtool.model.profile import node_times, profiling  # noqa: E402
+from qtool.model.session import file_session  # noqa: E402
 
 
 def profile(path: str, feeds: dict, runs: int, warmup: int = 10) -> dict:
     """Median microseconds per run of each ``(op type, node name)``, and ``"(total of runs)"``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        so = deploy.session_options()  # the benchmark's one-thread options, plus profiling
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        for _ in range(warmup):
-            sess.run(None, feeds)
-        # the profile holds every run; keep the last ``runs`` (the warm-up ones are dropped below)
-        for _ in range(runs):
-            sess.run(None, feeds)
-        events = json.load(open(sess.end_profiling()))
-    runs_seen = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    keep_from = runs_seen[warmup]["ts"] if len(runs_seen) > warmup else 0
-    per_node = defaultdict(list)
-    for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= keep_from:
-            per_node[(e["args"]["op_name"], e["name"][:-len("_kernel_time")])].append(e["dur"])
-    # medians: one preempted run (a shared machine) would otherwise put milliseconds on one node
-    medians = {k: float(np.median(v)) for k, v in per_node.items()}
-    medians["(total of runs)"] = float(np.median([r["dur"] for r in runs_seen[warmup:]]))
-    return medians
+    so = deploy.session_options()  # the benchmark's one-thread options, plus profiling
+    with profiling(so) as folder:
+        sess = file_session(path, options=so)
+        per_node, whole = node_times(sess, feeds, runs, warmup)
+        del sess, folder
+    return {**per_node, "(total of runs)": whole}
 
 
 def main(argv=None) -> int:

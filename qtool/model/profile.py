@@ -65,11 +65,11 @@ class _Folder:
         self.remove()
 
 
-def op_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
-             warmup: int = PROFILE_WARMUP) -> list[OpTime]:
-    """Per op type of onnxruntime's optimized graph, the milliseconds of one run of ``session`` (made by
-    a session made inside :func:`profiling`) on ``feed``: each node's median over ``runs`` runs (after
-    ``warmup``), summed per op type, slowest first. Ends the session's profiling (once per session)."""
+def node_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
+               warmup: int = PROFILE_WARMUP) -> tuple[dict[tuple[str, str], float], float]:
+    """``session`` (made inside :func:`profiling`) run on ``feed`` ``warmup + runs`` times: the median
+    microseconds of each node of onnxruntime's optimized graph over the last ``runs``, by ``(op type, node name)``,
+    and the median microseconds of a whole run. Ends the session's profiling (once per session)."""
     run = functools.partial(session.run, feed, session.outputs[:1], "the profiled run")
     for _ in range(warmup + runs):
         run()
@@ -79,17 +79,25 @@ def op_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
             events = json.load(f)
     finally:
         os.remove(path)
-    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    since = starts[warmup] if len(starts) > warmup else 0
+    starts = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    since = starts[warmup][0] if len(starts) > warmup else 0
     per_node: dict[tuple[str, str], list[float]] = {}
     for e in events:
         name = e.get("name", "")
         if e.get("cat") == "Node" and name.endswith("_kernel_time") and e["ts"] >= since:
-            per_node.setdefault((e["args"]["op_name"], name), []).append(e["dur"])
+            per_node.setdefault((e["args"]["op_name"], name[:-len("_kernel_time")]), []).append(e["dur"])
+    # a median per node: one preempted run on a shared machine would otherwise put milliseconds on one node
+    whole = statistics.median(dur for _, dur in starts[warmup:]) if len(starts) > warmup else 0.0
+    return {key: statistics.median(us) for key, us in per_node.items()}, whole
+
+
+def op_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
+             warmup: int = PROFILE_WARMUP) -> list[OpTime]:
+    """Per op type of onnxruntime's optimized graph, the milliseconds of one run of ``session`` (made inside
+    :func:`profiling`) on ``feed``: :func:`node_times` summed per op type, slowest first."""
     per_op: dict[str, list[float]] = {}
-    for (op, _), us in per_node.items():
-        # a median per node: one preempted run on a shared machine would otherwise put milliseconds on one node
-        per_op.setdefault(op, []).append(statistics.median(us))
+    for (op, _), us in node_times(session, feed, runs, warmup)[0].items():
+        per_op.setdefault(op, []).append(us)
     times = [OpTime(op, sum(us) / 1e3, len(us)) for op, us in per_op.items()]
     return sorted(times, key=lambda t: (-t.ms, t.op))
 
