@@ -189,6 +189,7 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
     clock.lap("save")
     timed = None
     if float_timing is not None and (check is None or check.error is None):
+        _stage(progress, "timing the float and int8 models in onnxruntime")
         timed = _time_written(float_timing, float_profiled, prepared.model, data, calibration.batch_size,
                               latency_rounds)
         warnings += timed_warnings(timed)

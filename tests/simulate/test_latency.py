@@ -171,3 +171,24 @@ def test_op_summary_lines_never_split_an_item():
     assert op_summary_lines(times, 36) == ["MatMulIntegerToFloat 0.0705 ms x11,", "QLinearConv 0.05 ms x3,",
                                            "Add 0.01 ms x1"]
     assert op_summary_lines(times, 200, top=1) == ["MatMulIntegerToFloat 0.0705 ms x11, 2 more op types 0.06 ms"]
+
+
+def test_rewrite_eval_latency_is_a_progress_stage():
+    """Timing a large model takes a while (2 x (ROUNDS + 10) runs and the profiled ones): a stage of its own."""
+    class Stages:
+        def __init__(self):
+            self.names = []
+
+        def __call__(self, done, total):
+            pass
+
+        def stage(self, name, done, total):
+            self.names.append(name)
+
+    heard = Stages()
+    qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"),
+                       latency_rounds=2, progress=heard)
+    assert heard.names[-1] == "timing the float and int8 models in onnxruntime"
+    quiet = Stages()
+    qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"), progress=quiet)
+    assert "timing the float and int8 models in onnxruntime" not in quiet.names
