@@ -24,6 +24,7 @@ import html
 import io
 import math
 
+from qtool.model.profile import op_summary
 from qtool.simulate import advice
 from qtool.simulate.report import atomic_write, ellipsize, fmt_acc, fmt_db, fmt_num
 
@@ -224,8 +225,17 @@ def _latency(report: dict) -> list[str]:
     rows = [["float", f"{lat['float_ms']:.3f}", "1.00x"]]
     rows += [[m["name"], f"{m['ms']:.3f}", f"{m['x_float']:.2f}x" + (" (slower than float)" if m["x_float"] > 1 else "")]
              for m in lat["models"]]
-    return [f"<p>Latency in onnxruntime: one thread, batch 1, median of {lat['rounds']} interleaved runs "
-            "(thread CPU time).</p>", _table(["model", "ms", "x float"], rows, [False, True, False])]
+    parts = [f"<p>Latency in onnxruntime: one thread, batch 1, median of {lat['rounds']} interleaved runs "
+             "(thread CPU time).</p>", _table(["model", "ms", "x float"], rows, [False, True, False])]
+    slower = [m["name"] for m in lat["models"] if m["x_float"] and m["x_float"] > 1]
+    by_op = lat.get("by_op", {})
+    if slower and by_op:
+        parts.append("<p>Where the time goes in the models slower than float: onnxruntime's profile, the five "
+                     "slowest op types of its optimized graph (ms per run; the profiler adds about a microsecond "
+                     "per node).</p>")
+        rows = [[name, ", ".join(op_summary(by_op[name]))] for name in ["float"] + slower if by_op.get(name)]
+        parts.append(_table(["model", "op types, slowest first"], rows, [False, False]))
+    return parts
 
 
 def _costly_layers(model: dict) -> list[str]:

@@ -192,3 +192,18 @@ def test_rewrite_eval_latency_is_a_progress_stage():
     quiet = Stages()
     qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"), progress=quiet)
     assert "timing the float and int8 models in onnxruntime" not in quiet.names
+
+
+def test_the_html_report_says_where_a_slower_models_time_goes():
+    from qtool.simulate.html import _latency
+
+    times = [{"op": "QLinearMul", "ms": 0.134, "nodes": 24}]
+    lat = {"rounds": 5, "float_ms": 1.0, "models": [{"name": "slow.onnx", "ms": 1.2, "x_float": 1.2},
+                                                     {"name": "fast.onnx", "ms": 0.5, "x_float": 0.5}],
+           "by_op": {"float": [{"op": "Conv", "ms": 0.3, "nodes": 24}], "slow.onnx": times, "fast.onnx": times}}
+    page = "".join(_latency({"latency": lat}))
+    assert "Where the time goes in the models slower than float" in page
+    assert "<td>slow.onnx</td><td>QLinearMul 0.134 ms x24</td>" in page and "<td>float</td><td>Conv 0.3 ms x24</td>" in page
+    assert "<td>fast.onnx</td><td>QLinearMul" not in page
+    lat["models"] = lat["models"][1:]
+    assert "Where the time goes" not in "".join(_latency({"latency": lat}))
