@@ -69,7 +69,8 @@ def node_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
                warmup: int = PROFILE_WARMUP) -> tuple[dict[tuple[str, str], float], float]:
     """``session`` (made inside :func:`profiling`) run on ``feed`` ``warmup + runs`` times: the median
     microseconds of each node of onnxruntime's optimized graph over the last ``runs``, by ``(op type, node name)``,
-    and the median microseconds of a whole run. Ends the session's profiling (once per session)."""
+    and the median microseconds of a whole run (nothing when onnxruntime wrote no readable profile). Ends the
+    session's profiling (once per session)."""
     run = functools.partial(session.run, feed, session.outputs[:1], "the profiled run")
     for _ in range(warmup + runs):
         run()
@@ -77,8 +78,11 @@ def node_times(session, feed: dict[str, np.ndarray], runs: int = PROFILE_RUNS,
     try:
         with open(path) as f:
             events = json.load(f)
+    except (OSError, ValueError):  # no file, or not onnxruntime's JSON: no breakdown (it only explains a timing)
+        events = []
     finally:
-        os.remove(path)
+        if path and os.path.exists(path):
+            os.remove(path)
     starts = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     since = starts[warmup][0] if len(starts) > warmup else 0
     per_node: dict[tuple[str, str], list[float]] = {}

@@ -207,3 +207,28 @@ def test_the_html_report_says_where_a_slower_models_time_goes():
     assert "<td>fast.onnx</td><td>QLinearMul" not in page
     lat["models"] = lat["models"][1:]
     assert "Where the time goes" not in "".join(_latency({"latency": lat}))
+
+
+def test_an_unreadable_profile_gives_no_breakdown_and_no_error(tmp_path):
+    """The breakdown only explains the timing: a profile onnxruntime did not write (or wrote wrong) leaves it empty."""
+    from qtool.model.profile import node_times, op_times
+
+    class Session:
+        outputs = ["y"]
+
+        def __init__(self, text):
+            self.session, self.text = self, text
+
+        def run(self, feed, names, what):
+            pass
+
+        def end_profiling(self):
+            if self.text is None:
+                return ""
+            path = tmp_path / "profile.json"
+            path.write_text(self.text)
+            return str(path)
+
+    assert op_times(Session(None), {}) == []
+    assert node_times(Session("{not json"), {}) == ({}, 0.0)
+    assert not (tmp_path / "profile.json").exists()
