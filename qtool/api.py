@@ -35,6 +35,7 @@ from qtool.model.io import (
     open_model,
     save_model,
     same_file,
+    tensor_bytes,
 )
 from qtool.model.opset import inferred_types
 from qtool.model.session import show_onnxruntime_warnings
@@ -194,8 +195,10 @@ def rewrite_eval(model, output=None, *, quant: QuantConfig = QuantConfig(),
                               latency_rounds)
         warnings += timed_warnings(timed)
         clock.lap("latency")
-    return RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
-                         clock.laps, branches, check, timed)
+    result = RewriteResult(prepared.model, files, prepared, encoding, observed, ranges_from, warnings, notes,
+                           clock.laps, branches, check, timed)
+    result.warnings.extend(result.runtime_warnings())
+    return result
 
 
 def _time_written(float_session, float_profiled, written, data: CalibrationData, batch_size: int, rounds: int):
@@ -256,7 +259,8 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         ready = ready or prepare_eval(source.clone(), quant, label)
         encoding, branches = _encode(ready, found, data, dataclasses.replace(calibration, method=method),
                                      progress=progress)
-        return ready, found, encoding, branches, reference.check(ready.model, method) if reference else None
+        check = reference.check(ready.model, method, _runtime_graph(ready.model)) if reference else None
+        return ready, found, encoding, branches, check
 
     report(0)
     for i, (method, found) in enumerate(candidates.items()):
@@ -288,7 +292,16 @@ def _check(reference, model, method: str, progress=None):
     if reference is None:
         return None
     _stage(progress, "checking the int8 model against float")
-    return reference.check(model, method)
+    return reference.check(model, method, _runtime_graph(model))
+
+
+# The check's session also writes onnxruntime's optimized graph (``qtool.model.runtime_graph``: the layers it runs in
+# float), weights included: skipped for models this large, where that is a second copy of gigabytes on disk.
+RUNTIME_GRAPH_MAX_BYTES = 1 << 30
+
+
+def _runtime_graph(model) -> bool:
+    return tensor_bytes(model) < RUNTIME_GRAPH_MAX_BYTES
 
 
 def _worth_checking(prepared, data) -> bool:

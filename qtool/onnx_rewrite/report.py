@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from qtool.config import QuantConfig, TrainSchedule
+from qtool.model.layers import LAYER_OPS
 from qtool.model.profile import op_summary_lines
 from qtool.onnx_rewrite.eval_graph import EvalEncoding
 from qtool.onnx_rewrite.eval_rewrite import EvalGraph
@@ -71,6 +72,10 @@ class BranchResult:
                 "counts": self.result.counts() if self.result is not None else None}
 
 
+# the op types of the summary's "left in float" that onnxruntime's optimized graph keeps as float layer nodes
+LISTED_LAYER_OPS = frozenset({*LAYER_OPS, "Attention", "MultiHeadAttention"})
+
+
 @dataclass
 class RewriteResult:
     """The rewritten model (an ``onnx_ir.Model``) and what was done to it."""
@@ -105,6 +110,42 @@ class RewriteResult:
                 if not _fused(x) and not (x.reason.endswith(IN_SUBGRAPH) and x.node in handled) and x.node not in gelus]
         return ([x.to_dict() for x in p.folds.skipped] + plan + [x.to_dict() for x in e.left_in_float]
                 + [x for b in self.branches for x in b.left_in_float()])
+
+    def in_onnxruntime(self) -> dict | None:
+        """The layers onnxruntime's optimized graph of the written model runs in integer and in float kernels,
+        against the layers this summary lists in float (None: not looked at: no output check, or a model too large
+        to write its optimized graph)."""
+        runtime = getattr(self.output_check, "runtime_layers", None)
+        if runtime is None:
+            return None
+        listed = sum(1 for x in self.left_in_float() if x["op"] in LISTED_LAYER_OPS)
+        return {"integer_layers": runtime.integer_layers,
+                "float_layers": [{"node": name, "op": op} for name, op in runtime.float_layers],
+                "float_layers_listed": listed}
+
+    def runtime_warnings(self) -> list[str]:
+        """A layer the summary counts as quantized that onnxruntime runs in float: the plan's prediction of
+        onnxruntime's fusions was wrong for this model, and the summary must not call it quantized."""
+        runtime = self.in_onnxruntime()
+        if runtime is None or len(runtime["float_layers"]) <= runtime["float_layers_listed"]:
+            return []
+        listed = {x["node"] for x in self.left_in_float()}
+        more = len(runtime["float_layers"]) - runtime["float_layers_listed"]
+        names = [f"{x['node']} ({x['op']})" for x in runtime["float_layers"] if x["node"] not in listed][:5]
+        return [f"onnxruntime runs {more} more layer(s) of the written model in float than this summary lists "
+                f"({len(runtime['float_layers'])} in its optimized graph, {runtime['float_layers_listed']} listed"
+                + (f"; there: {', '.join(names)}" if names else "") + "): they are counted as quantized but run a "
+                f"float kernel on dequantized values. {self._runtime_reason()}"]
+
+    def _runtime_reason(self) -> str:
+        c = self.config
+        if c.int8_activations:
+            return ("--int8-activations does this: onnxruntime's x86 integer kernels take uint8 activations (the "
+                    "default)")
+        if c.pack_int4 and c.weight_bits <= 4:
+            return "--pack-int4 does this: onnxruntime has no integer kernel for int4 weights (the default stores them in int8)"
+        return ("qtool's placement missed an onnxruntime fusion on this model: please report it (docs/rewrite-eval.md, "
+                "'In onnxruntime')")
 
     def other_float_ops(self) -> dict[str, int]:
         """The float ops that are no layer, by type, as the output has them (a fused GELU's parts as one
@@ -195,6 +236,7 @@ class RewriteResult:
             "timings": dict(self.timings),
             **({"if_branches": [b.to_dict() for b in self.branches]} if self.branches else {}),
             **({"output_check": self.output_check.to_dict()} if self.output_check is not None else {}),
+            **({"in_onnxruntime": runtime} if (runtime := self.in_onnxruntime()) is not None else {}),
             **({"latency": self.latency.to_dict()} if self.latency is not None else {}),
         }
 
@@ -365,6 +407,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"  ops in float           {wrapped[0]}")
         lines.extend(f"{'':25}{more}" for more in wrapped[1:])
     lines.extend(_check_lines(s.get("output_check")))
+    lines.extend(_runtime_lines(s.get("in_onnxruntime")))
     lines.extend(_latency_lines(s.get("latency")))
     return "\n".join(lines + _tail_lines(s))
 
@@ -381,6 +424,16 @@ def _latency_lines(timed: dict | None) -> list[str]:
             lines.append(f"    {label + ' time by op':21}{wrapped[0]}")
             lines.extend(f"{'':25}{more}" for more in wrapped[1:])
     return lines
+
+
+def _runtime_lines(runtime: dict | None) -> list[str]:
+    """The layers of onnxruntime's optimized graph of the written model, by kernel kind (RewriteResult.in_onnxruntime)."""
+    if runtime is None:
+        return []
+    floats, listed = len(runtime["float_layers"]), runtime["float_layers_listed"]
+    where = ("none in float" if not floats else f"{floats} in float (listed above)" if floats <= listed else
+             f"{floats} in float: {floats - listed} more than listed above (see the warning)")
+    return [f"  in onnxruntime         {runtime['integer_layers']} layer(s) in integer kernels, {where}"]
 
 
 def _check_lines(check: dict | None) -> list[str]:

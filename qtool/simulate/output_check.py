@@ -12,6 +12,7 @@ data, per layer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ import onnx_ir as ir
 
 from qtool.data import CalibrationData, same_feeds
 from qtool.errors import QtoolError
-from qtool.model.session import tapped_session
+from qtool.model.runtime_graph import LayerKernels, layer_kernels, saving_optimized_graph
+from qtool.model.session import session_options, tapped_session
 from qtool.simulate.result import sqnr_db as signal_to_noise_db
 
 CHECK_SAMPLES = 16  # the default batch; a model exported for batch 1 runs this many batches
@@ -56,6 +58,8 @@ class OutputCheck:
     # --calibration-method auto: each method tried, with its worst output's SQNR (None: nothing to choose by)
     tried: dict[str, float | None] = field(default_factory=dict)
     tried_calibrated_on: int | None = None  # auto: the samples after these each method was calibrated on
+    # the layers of onnxruntime's optimized graph of the written model by kernel kind (None: not looked at)
+    runtime_layers: LayerKernels | None = None
 
     def worst(self) -> tuple[str, float] | None:
         scored = [(name, db) for name, db in self.sqnr_db.items() if db is not None]
@@ -158,16 +162,20 @@ class Reference:
                 return None
         return self
 
-    def check(self, model: ir.Model, method: str) -> OutputCheck:
+    def check(self, model: ir.Model, method: str, runtime_graph: bool = False) -> OutputCheck:
         """The written ``model``'s outputs on the same samples, against the float ones (``method``: how
-        its ranges were calibrated, for the advice)."""
-        try:
-            session = tapped_session(model, [], what="the written model")
-            values = _outputs(session, self.feeds, "the written model")
-        except QtoolError as exc:
-            return OutputCheck(self.samples, error=str(exc), method=method)
+        its ranges were calibrated, for the advice). ``runtime_graph``: also the layers onnxruntime's optimized
+        graph of it runs in float (``OutputCheck.runtime_layers``; :mod:`qtool.model.runtime_graph`)."""
+        options = session_options()
+        with saving_optimized_graph(options) if runtime_graph else contextlib.nullcontext() as graph_path:
+            try:
+                session = tapped_session(model, [], options=options, what="the written model")
+                layers = layer_kernels(graph_path) if graph_path is not None else None
+                values = _outputs(session, self.feeds, "the written model")
+            except QtoolError as exc:
+                return OutputCheck(self.samples, error=str(exc), method=method)
         return OutputCheck(self.samples, {name: sqnr_db(ref, values[name]) for name, ref in self.outputs.items()
-                                          if name in values}, method=method)
+                                          if name in values}, method=method, runtime_layers=layers)
 
 
 def _outputs(session, feeds: list[dict], what: str, float_only: bool = False) -> dict[str, np.ndarray]:
