@@ -44,16 +44,12 @@ ZOO = os.path.join(HERE, "zoo", "models")
 sys.path.insert(0, os.path.join(HERE, "zoo"))
 sys.path.insert(0, ROOT)  # this checkout's qtool
 import zoo_metrics  # noqa: E402
+# op types in onnxruntime's optimized graph (qtool's own check of what it writes uses the same sets)
+from qtool.model.runtime_graph import FLOAT_LAYER_OPS  # noqa: E402
+from qtool.model.runtime_graph import INTEGER_LAYER_OPS as INT_LAYER_OPS  # noqa: E402
 
 VARIANTS = ("float", "qtool", "ort")
-# op types in onnxruntime's optimized graph (any domain: com.microsoft, com.microsoft.nchwc, ...)
-# MatMulNBits (what onnxruntime makes of DequantizeLinear(int8 weight, axis 1) -> MatMul when the
-# activation input has no DequantizeLinear) keeps float activations: counted as float here.
-FLOAT_LAYER_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm",
-                   "Attention", "MultiHeadAttention", "NhwcFusedConv", "MatMulNBits"}
-INT_LAYER_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
-                 "QGemm", "DynamicQuantizeMatMul", "NhwcQLinearConv", "QLinearConvTranspose", "QAttention",
-                 "DynamicQuantizeLSTM"}
+
 RNN_OPS = {"LSTM", "GRU", "RNN"}
 
 
