@@ -35,9 +35,9 @@ from qtool.model.io import (
     open_model,
     save_model,
     same_file,
-    tensor_bytes,
 )
 from qtool.model.opset import inferred_types
+from qtool.model.runtime_graph import worth_looking
 from qtool.model.session import show_onnxruntime_warnings
 from qtool.onnx_rewrite.branches import (
     branch_config,
@@ -259,7 +259,7 @@ def _best_calibration(source, prepared, observed, reference, data, calibration: 
         ready = ready or prepare_eval(source.clone(), quant, label)
         encoding, branches = _encode(ready, found, data, dataclasses.replace(calibration, method=method),
                                      progress=progress)
-        check = reference.check(ready.model, method, _runtime_graph(ready.model)) if reference else None
+        check = reference.check(ready.model, method, worth_looking(ready.model)) if reference else None
         return ready, found, encoding, branches, check
 
     report(0)
@@ -292,16 +292,7 @@ def _check(reference, model, method: str, progress=None):
     if reference is None:
         return None
     _stage(progress, "checking the int8 model against float")
-    return reference.check(model, method, _runtime_graph(model))
-
-
-# The check's session also writes onnxruntime's optimized graph (``qtool.model.runtime_graph``: the layers it runs in
-# float), weights included: skipped for models this large, where that is a second copy of gigabytes on disk.
-RUNTIME_GRAPH_MAX_BYTES = 1 << 30
-
-
-def _runtime_graph(model) -> bool:
-    return tensor_bytes(model) < RUNTIME_GRAPH_MAX_BYTES
+    return reference.check(model, method, worth_looking(model))
 
 
 def _worth_checking(prepared, data) -> bool:

@@ -20,8 +20,11 @@ import tempfile
 from dataclasses import dataclass
 
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
+
+from qtool.model.io import tensor_bytes
 
 # op types of onnxruntime's optimized graph (any domain: com.microsoft, com.microsoft.nchwc, ...).
 # MatMulNBits (what onnxruntime makes of DequantizeLinear(int8 weight, axis 1) -> MatMul when the activation input
@@ -31,6 +34,9 @@ FLOAT_LAYER_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedCo
 INTEGER_LAYER_OPS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulIntegerToFloat",
                                "QGemm", "DynamicQuantizeMatMul", "NhwcQLinearConv", "QLinearConvTranspose",
                                "QAttention", "DynamicQuantizeLSTM"})
+# The optimized graph is written with its weights: not for models this large, where that is a second copy of
+# gigabytes on disk.
+MAX_MODEL_BYTES = 1 << 30
 _GRAPH = "optimized.onnx"
 _WEIGHTS = "optimized.data"
 
@@ -55,6 +61,15 @@ class LayerKernels:
 
     float_layers: list[tuple[str, str]]
     integer_layers: int
+
+    def to_dict(self) -> dict:
+        return {"integer_layers": self.integer_layers,
+                "float_layers": [{"node": name, "op": op} for name, op in self.float_layers]}
+
+
+def worth_looking(model: ir.Model) -> bool:
+    """Whether a session of ``model`` should write its optimized graph (:data:`MAX_MODEL_BYTES`)."""
+    return tensor_bytes(model) < MAX_MODEL_BYTES
 
 
 def layer_kernels(path: str) -> LayerKernels | None:

@@ -119,9 +119,7 @@ class RewriteResult:
         if runtime is None:
             return None
         listed = sum(1 for x in self.left_in_float() if x["op"] in LISTED_LAYER_OPS)
-        return {"integer_layers": runtime.integer_layers,
-                "float_layers": [{"node": name, "op": op} for name, op in runtime.float_layers],
-                "float_layers_listed": listed}
+        return {**runtime.to_dict(), "float_layers_listed": listed}
 
     def runtime_warnings(self) -> list[str]:
         """A layer the summary counts as quantized that onnxruntime runs in float: the plan's prediction of

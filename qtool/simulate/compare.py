@@ -242,6 +242,7 @@ class QuantizedAcc(ModelAcc):
             activations=sorted((t.result() for t in self.tensors), key=worst_first),
             weights=sorted(self.weights, key=worst_first), unmatched_activations=self.unmatched,
             sensitivity=sens, notes=self.notes, weight_bits=q.weight_bits, activation_bits=q.activation_bits,
+            in_onnxruntime=None if self.runner.runtime_layers is None else self.runner.runtime_layers.to_dict(),
         )
 
 

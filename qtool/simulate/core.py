@@ -137,6 +137,7 @@ def run_simulation(model, data, config: SimulateConfig, quantize: Quantize | Non
         labels=config.labels, calibration=calibration,
         float_accuracy=totals.correct / predictions if has_labels and classes and predictions else None,
         float_correct=totals.correct if has_labels and classes else None,
+        float_in_onnxruntime=None if runner.runtime_layers is None else runner.runtime_layers.to_dict(),
         models=[a.result(max(predictions, 1), has_labels, classes) for a in accs],
         class_axis=config.class_axis, positions=None if totals.uneven else layout.positions, predictions=predictions,
         latency=None if timed is None else timed.to_dict(), memory_note=totals.memory_note,
@@ -182,8 +183,9 @@ def _evaluate(runner, accs: list[QuantizedAcc], dataset, labels, config: Simulat
               totals: _Totals, progress: Progress | None) -> None:
     """The pass over the data: every model on every batch, into the running sums."""
     runners = [runner] + [r for a in accs for r in a.runners()]
+    looked_at = [runner] + [a.runner for a in accs]  # not the single-layer models of --sensitivity
     for r in runners:
-        r.open()
+        r.open(runtime_graph=any(r is x for x in looked_at))
     axis = config.axis_for(output)
     _stage(progress, "evaluating", 0, dataset.num_samples)
     try:

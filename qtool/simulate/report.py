@@ -165,6 +165,26 @@ def _model_table(report: dict, width: int) -> list[str]:
     return _table(header, rows, [False] + [True] * (len(header) - 1), width=width, shrink=0)
 
 
+def _runtime_lines(report: dict, width: int) -> list[str]:
+    """Each model's layers in onnxruntime's optimized graph, integer and float kernels (a layer of a quantized model
+    in a float kernel runs on dequantized values: slower than in the float model)."""
+    rows = [(m["name"], m.get("in_onnxruntime")) for m in report["models"]]
+    rows = [("float", report["float"].get("in_onnxruntime"))] + rows
+    if all(r is None for _, r in rows[1:]):
+        return []
+    lines = ["", "  layers in onnxruntime's optimized graph (integer / float kernels):"]
+    for name, r in rows:
+        if r is None:
+            continue
+        floats = r["float_layers"]
+        lines.append(f"    {ellipsize(name, 28):28s} {r['integer_layers']:4d} / {len(floats)}")
+        if floats and name != "float":
+            names = ", ".join(x["node"] for x in floats[:3]) + (f" and {len(floats) - 3} more" if len(floats) > 3
+                                                                  else "")
+            lines.append(ellipsize(f"      in float: {names}", width))
+    return lines
+
+
 def _latency_lines(report: dict, width: int) -> list[str]:
     lat = report.get("latency")
     if not lat:
@@ -255,7 +275,8 @@ def format_text(report: dict, limit: int | None = 10, verbose: bool = False, wid
     ``verbose``: every row (no ``limit``) and the notes.
     """
     limit = None if verbose else limit
-    lines = _header(report, width) + [""] + _model_table(report, width) + _latency_lines(report, width)
+    lines = (_header(report, width) + [""] + _model_table(report, width) + _runtime_lines(report, width)
+             + _latency_lines(report, width))
     top1 = report.get("output_kind", "classes") == "classes"
     for mdl in report["models"]:
         lines += _model_details(mdl, limit, verbose, width, top1)

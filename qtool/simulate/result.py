@@ -227,6 +227,8 @@ class ModelResult:
     notes: list[str] = field(default_factory=list)
     weight_bits: int | None = None  # for the models made in memory
     activation_bits: int | None = None
+    # the layers of onnxruntime's optimized graph of this model by kernel kind (runtime_graph.LayerKernels.to_dict)
+    in_onnxruntime: dict | None = None
 
     def to_dict(self) -> dict:
         r = {"source": self.source}
@@ -241,6 +243,7 @@ class ModelResult:
         })
         if self.sensitivity is not None:
             r["sensitivity"] = [s.to_dict() for s in self.sensitivity]
+        r["in_onnxruntime"] = self.in_onnxruntime
         r["notes"] = list(self.notes)
         return r
 
@@ -286,6 +289,7 @@ class SimulateResult:
     latency: dict | None = None  # one-thread batch-1 timings (latency.Latency.to_dict), when asked
     memory_note: str | None = None  # the batches were made smaller than asked to fit in memory: why
     no_top1: str | None = None  # output_kind "values": why the output has no top-1 (one value per sample, sorted...)
+    float_in_onnxruntime: dict | None = None  # the float model's layers in onnxruntime's optimized graph, by kernel
 
     def to_dict(self) -> dict:
         """The report as plain Python values (``inf``/``nan`` kept as floats; :meth:`write_json` writes them as strings)."""
@@ -296,7 +300,8 @@ class SimulateResult:
             "labels": self.labels, "class_axis": self.class_axis, "positions": self.positions,
             "predictions": self.predictions,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
-            "float": {"accuracy": self.float_accuracy, "correct": self.float_correct},
+            "float": {"accuracy": self.float_accuracy, "correct": self.float_correct,
+                      "in_onnxruntime": self.float_in_onnxruntime},
             "models": [mdl.to_dict() for mdl in self.models],
             "notes": list(self.notes),
             "seconds": self.seconds,

@@ -14,12 +14,14 @@ model runs beside the copy on every batch and the model numbers come from it.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 
+from qtool.model.runtime_graph import LayerKernels, layer_kernels, saving_optimized_graph, worth_looking
 from qtool.model.session import TappedSession, file_session, session_options, tapped_session
 
 
@@ -65,20 +67,28 @@ class Runner:
     plain: TappedSession | None = None
     plain_every_batch: bool = False
     checked: bool = False
+    runtime_layers: LayerKernels | None = None  # from :meth:`open` with ``runtime_graph``
 
     @property
     def what(self) -> str:
         return f"the model '{self.label}'"
 
-    def open(self) -> None:
-        plain = file_session(self.path, options=_options(), what=self.what) if self.path else None
+    def open(self, runtime_graph: bool = False) -> None:
+        """Make the sessions. ``runtime_graph``: also read which layers onnxruntime's optimized graph runs in
+        integer and in float kernels (:attr:`runtime_layers`; :mod:`qtool.model.runtime_graph`)."""
+        options = _options()
+        looking = runtime_graph and worth_looking(self.model)
+        with saving_optimized_graph(options) if looking else contextlib.nullcontext() as graph:
+            plain = file_session(self.path, options=options, what=self.what) if self.path else \
+                tapped_session(self.model, [], options=options, what=self.what)
+            self.runtime_layers = layer_kernels(graph) if graph is not None else None
         if not self.extra:
-            self.instrumented = plain or tapped_session(self.model, [], options=_options(), what=self.what)
+            self.instrumented = plain
             self.checked = True
             return
         self.instrumented = tapped_session(self.model, self.extra, options=_options(),
                                            what=f"{self.what} (with extra outputs)", dtypes=self.dtypes)
-        self.plain = plain or tapped_session(self.model, [], options=_options(), what=self.what)
+        self.plain = plain
 
     @property
     def extra_names(self) -> list[str]:

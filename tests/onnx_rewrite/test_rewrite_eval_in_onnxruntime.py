@@ -78,9 +78,9 @@ def test_options_that_leave_layers_float_in_onnxruntime_say_so():
 
 
 def test_a_model_too_large_is_not_looked_at(monkeypatch):
-    import qtool.api
+    import qtool.model.runtime_graph
 
-    monkeypatch.setattr(qtool.api, "RUNTIME_GRAPH_MAX_BYTES", 0)
+    monkeypatch.setattr(qtool.model.runtime_graph, "MAX_MODEL_BYTES", 0)
     result = _digits()
     assert "in_onnxruntime" not in result.to_dict() and "in onnxruntime" not in result.format_text()
     assert result.output_check is not None  # the outputs are still checked
