@@ -65,3 +65,14 @@ def test_a_model_too_large_is_not_looked_at(written, monkeypatch):
                    SimulateConfig(quantized=[str(written[0])]))
     assert res.to_dict()["models"][0]["in_onnxruntime"] is None
     assert "layers in onnxruntime" not in res.format_text()
+
+
+def test_the_html_page_has_the_table(written, tmp_path):
+    res = simulate(str(SAMPLES / "digits_cnn.onnx"), str(SAMPLES / "eval.npz"),
+                   SimulateConfig(quantized=[str(written[1])], histograms=True))
+    path = tmp_path / "r.html"
+    res.write_html(str(path))
+    page = path.read_text()
+    node = res.to_dict()["models"][0]["in_onnxruntime"]["float_layers"][0]["node"]
+    assert "Layers in onnxruntime's optimized graph" in page
+    assert f'<td class="n">4</td><td class="n">1</td><td>{node}</td>' in page
