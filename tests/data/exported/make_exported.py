@@ -273,7 +273,24 @@ def torch_models():
             x = self.scale2 * torch.relu(self.bn2(self.conv2(x))) + self.bias2
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
+    class MultiplierBlock(nn.Module):
+        """FastViT's patch embedding: a stride-2 7x7 depthwise conv with channel multiplier 2 (``groups=C``, ``C ->
+        2C``), BN, GELU, then a 1x1 conv; a global pool and a Linear."""
+
+        def __init__(self, c=8):
+            super().__init__()
+            self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), bn(c)
+            self.dw, self.bn1 = nn.Conv2d(c, 2 * c, 7, stride=2, padding=3, groups=c, bias=False), bn(2 * c)
+            self.pw = nn.Conv2d(2 * c, 2 * c, 1)
+            self.fc = nn.Linear(2 * c, 4)
+
+        def forward(self, x):
+            x = torch.relu(self.bn0(self.stem(x)))
+            x = self.pw(nn.functional.gelu(self.bn1(self.dw(x))))
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
     return {
+        "MultiplierBlock": (MultiplierBlock, (2, 3, 32, 32)),
         "AffineBlock": (AffineBlock, (2, 3, 16, 16)),
         "PostNormBlock": (PostNormBlock, (2, 16, 32)),
         "SEBlock": (SEBlock, (2, 3, 32, 32)),
@@ -378,6 +395,10 @@ def make_torch():
     m, shape = build("AffineBlock")
     save("dynamo_AffineBlock", export_dynamo(m, shape, opset=None), data(shape))
     save("legacy17_AffineBlock", export_legacy(m, shape, 17), data(shape))
+    # a depthwise conv with channel multiplier 2 (FastViT's patch embedding): both exporters
+    m, shape = build("MultiplierBlock")
+    save("dynamo_MultiplierBlock", export_dynamo(m, shape, opset=None), data(shape))
+    save("legacy17_MultiplierBlock", export_legacy(m, shape, 17), data(shape))
 
 
 # ------------------------------------------------------------------------------------- keras
