@@ -49,11 +49,15 @@ def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(ref ** 2) / noise)) if noise > 0 else float("inf")
 
 
-def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_samples: int | None = None) -> dict:
+def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_samples: int | None = None,
+          evals: dict[str, np.ndarray] | None = None) -> dict:
+    """One model's row; ``evals``: the held-out inputs (default: ``eval_inputs`` of the calibration ones).
+    A 2-D output (logits) also gets each int8 model's top-1 agreement with float (%), ``agree_top1``."""
     model = os.path.join(models_dir, name + ".onnx")
     calib_path = os.path.join(models_dir, name + ".calib.npz")
     calib = dict(np.load(calib_path))
-    evals = eval_inputs(calib)
+    if evals is None:
+        evals = eval_inputs(calib)
     # onnxruntime's calibrator holds every intermediate tensor of every batch: SegFormer at 512 px with 32
     # samples is killed for memory on a 23 GB machine (--ort-samples 8 fits)
     ort_calib = {k: v[:ort_samples] for k, v in calib.items()}
@@ -89,6 +93,9 @@ def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_sa
     for variant in ("qtool", "ort"):
         if variant in outs and "float" in outs:
             row["variants"][variant]["sqnr_db"] = sqnr_db(outs["float"], outs[variant])
+            if outs["float"].ndim == 2:
+                row["variants"][variant]["agree_top1"] = 100 * float(np.mean(
+                    outs["float"].argmax(1) == outs[variant].argmax(1)))
     deploy.time_variants(row, sessions, {k: v[:1] for k, v in evals.items()}, rounds, warmup)
     return row
 

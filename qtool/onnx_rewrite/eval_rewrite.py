@@ -23,7 +23,9 @@ from qtool.model.layers import is_layer
 from qtool.model.names import NameScope
 from qtool.model.opset import convert_opset, default_opset
 from qtool.onnx_rewrite.conv_pads import pads_into_convs
+from qtool.onnx_rewrite.depthwise_multipliers import multipliers_as_depthwise
 from qtool.onnx_rewrite.global_pools import means_as_global_pools
+from qtool.onnx_rewrite.noop_elimination import neutral_ops_removed
 from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, needed_opset
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
@@ -92,10 +94,12 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     constant_reshape_targets(graph, names)  # what onnxruntime's ReshapeFusion does, which Q/DQ would prevent
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     pools = means_as_global_pools(graph, default_opset(model), names, config.out_of_scope)  # dynamo's pools
+    neutral = neutral_ops_removed(graph, config.out_of_scope)  # what onnxruntime's NoopElimination does
+    multipliers = multipliers_as_depthwise(graph, names, config.out_of_scope)  # onnxruntime's depthwise kernel
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     folds.affine, folds.weight_expressions, folds.float16 = affine, normalized.weight_expressions, normalized.float16
-    folds.global_pools = pools
+    folds.global_pools, folds.neutral_ops, folds.multipliers = pools, neutral, multipliers
     if not trained:
         folds.transposed_convs = convtransposes_as_convs(graph, config, names, default_opset(model))
     split_hard_swish(graph, config, names)

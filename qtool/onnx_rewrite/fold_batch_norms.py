@@ -87,6 +87,8 @@ class FoldReport:
     weight_expressions: list[dict] = field(default_factory=list)  # weights computed from constants, folded
     transposed_convs: list[dict] = field(default_factory=list)  # ConvTransposes written as Conv + DepthToSpace
     global_pools: list[str] = field(default_factory=list)  # spatial ReduceMeans written as GlobalAveragePool
+    neutral_ops: list[str] = field(default_factory=list)  # Mul by 1 / Add of 0 removed (noop_elimination)
+    multipliers: list[str] = field(default_factory=list)  # depthwise Convs with a channel multiplier made plain
     float16: int = 0  # float16 weights and Constant values made float32 (``model.float16``)
 
 

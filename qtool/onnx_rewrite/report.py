@@ -464,6 +464,8 @@ def _affine_counts(folds) -> dict:
             "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0,
             "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0,
             "means_as_global_pools": len(folds.global_pools) if folds is not None else 0,
+            "neutral_ops_removed": len(folds.neutral_ops) if folds is not None else 0,
+            "depthwise_multipliers": len(folds.multipliers) if folds is not None else 0,
             "float16_as_float32": folds.float16 if folds is not None else 0}
 
 
@@ -473,7 +475,9 @@ def _affine_lists(folds) -> dict:
             "affine_not_folded": [x.to_dict() for x in affine.skipped] if affine else [],
             "weight_expressions_folded": list(folds.weight_expressions) if folds is not None else [],
             "convtransposes_as_convs": list(folds.transposed_convs) if folds is not None else [],
-            "means_as_global_pools": list(folds.global_pools) if folds is not None else []}
+            "means_as_global_pools": list(folds.global_pools) if folds is not None else [],
+            "neutral_ops_removed": list(folds.neutral_ops) if folds is not None else [],
+            "depthwise_multipliers": list(folds.multipliers) if folds is not None else []}
 
 
 def _affine_lines(c: dict) -> list[str]:
@@ -492,6 +496,12 @@ def _affine_lines(c: dict) -> list[str]:
     if c.get("means_as_global_pools"):
         lines.append(f"  ReduceMean as pool     {c['means_as_global_pools']}  (a mean over the spatial axes as "
                      "GlobalAveragePool: onnxruntime has no integer ReduceMean)")
+    if c.get("neutral_ops_removed"):
+        lines.append(f"  x*1, x+0 removed       {c['neutral_ops_removed']}  (a Mul by one / Add of zero: onnxruntime "
+                     "drops it from the float model)")
+    if c.get("depthwise_multipliers"):
+        lines.append(f"  depthwise x m as x 1   {c['depthwise_multipliers']}  (a depthwise Conv with a channel multiplier "
+                     "as Gather + depthwise Conv: onnxruntime runs it group by group)")
     if folded or skipped:
         lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
                      "into its weight and bias)")

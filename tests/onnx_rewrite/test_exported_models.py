@@ -37,6 +37,7 @@ MODELS = [
     "dynamo18_ResBlock", "dynamo18_MobileBlock", "dynamo18_MLP", "dynamo18_Decoder", "dynamo18_Shared",
     "dynamo18_Indirect", "dynamo18_const_MobileBlock", "dynamo_SEBlock", "legacy17_SEBlock",
     "dynamo_PostNormBlock",
+    "dynamo_AffineBlock", "legacy17_AffineBlock", "dynamo_MultiplierBlock", "legacy17_MultiplierBlock",
     "tf2onnx13_KerasCNN",
 ]
 
@@ -131,7 +132,7 @@ def source_weights(name):
     """Layer weights each model has (a shared weight counts once)."""
     base = name.split("_")[-1]
     return {"ResBlock": 5, "MobileBlock": 4, "MLP": 3, "MLP3d": 2, "Decoder": 4, "Shared": 4, "Indirect": 3, "SEBlock": 6, "PostNormBlock": 5,
-            "KerasCNN": 4}[base]
+            "AffineBlock": 3, "MultiplierBlock": 4, "KerasCNN": 4}[base]
 
 
 def test_dynamic_dims_are_kept(tmp_path):

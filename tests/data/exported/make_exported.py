@@ -256,7 +256,42 @@ def torch_models():
             x = self.norm2(x + self.fc2(nn.functional.gelu(self.fc1(x))))
             return self.head(x[:, 0])
 
+    class AffineBlock(nn.Module):
+        """HGNetV2's conv block as timm builds it: Conv-BN-ReLU then a LearnableAffineBlock (a scalar scale and bias,
+        initialised to 1 and 0, as in a model not yet trained), twice; a global pool and a Linear."""
+
+        def __init__(self, c=8):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(3, c, 3, padding=1, bias=False), bn(c)
+            self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), bn(c)
+            self.scale1, self.bias1 = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
+            self.scale2, self.bias2 = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
+            self.fc = nn.Linear(c, 4)
+
+        def forward(self, x):
+            x = self.scale1 * torch.relu(self.bn1(self.conv1(x))) + self.bias1
+            x = self.scale2 * torch.relu(self.bn2(self.conv2(x))) + self.bias2
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    class MultiplierBlock(nn.Module):
+        """FastViT's patch embedding: a stride-2 7x7 depthwise conv with channel multiplier 2 (``groups=C``, ``C ->
+        2C``), BN, GELU, then a 1x1 conv; a global pool and a Linear."""
+
+        def __init__(self, c=8):
+            super().__init__()
+            self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), bn(c)
+            self.dw, self.bn1 = nn.Conv2d(c, 2 * c, 7, stride=2, padding=3, groups=c, bias=False), bn(2 * c)
+            self.pw = nn.Conv2d(2 * c, 2 * c, 1)
+            self.fc = nn.Linear(2 * c, 4)
+
+        def forward(self, x):
+            x = torch.relu(self.bn0(self.stem(x)))
+            x = self.pw(nn.functional.gelu(self.bn1(self.dw(x))))
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
     return {
+        "MultiplierBlock": (MultiplierBlock, (2, 3, 32, 32)),
+        "AffineBlock": (AffineBlock, (2, 3, 16, 16)),
         "PostNormBlock": (PostNormBlock, (2, 16, 32)),
         "SEBlock": (SEBlock, (2, 3, 32, 32)),
         "ResBlock": (ResBlock, (2, 3, 16, 16)),
@@ -356,6 +391,14 @@ def make_torch():
     save("legacy17_SEBlock", export_legacy(m, shape, 17), data(shape))
     m, shape = build("PostNormBlock")
     save("dynamo_PostNormBlock", export_dynamo(m, shape, opset=None), data(shape))
+    # learnable scalar scale and bias at their initial 1 and 0 (HGNetV2's LearnableAffineBlock): both exporters
+    m, shape = build("AffineBlock")
+    save("dynamo_AffineBlock", export_dynamo(m, shape, opset=None), data(shape))
+    save("legacy17_AffineBlock", export_legacy(m, shape, 17), data(shape))
+    # a depthwise conv with channel multiplier 2 (FastViT's patch embedding): both exporters
+    m, shape = build("MultiplierBlock")
+    save("dynamo_MultiplierBlock", export_dynamo(m, shape, opset=None), data(shape))
+    save("legacy17_MultiplierBlock", export_legacy(m, shape, 17), data(shape))
 
 
 # ------------------------------------------------------------------------------------- keras

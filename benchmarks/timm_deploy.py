@@ -1,0 +1,96 @@
+"""Float vs qtool int8 vs onnxruntime int8 on timm's image models, as both of torch's exporters write them.
+
+    python benchmarks/timm_deploy.py MODELS_DIR [--models fastvit_t8.ts,levit_128s.dy] [--rounds 30]
+        [--keep DIR] [--json FILE]
+
+``MODELS_DIR`` is what ``benchmarks/timm_exports.py`` writes (``<model>.<ts|dy>.onnx`` with its
+``.calib.npz``, ``.eval.npz`` and ``.json``). Each is measured by ``dynamo_deploy.bench`` (imported): qtool's
+``rewrite_eval`` and onnxruntime's ``quant_pre_process`` + ``quantize_static`` (QDQ, per-channel) over the
+same calibration images; the one-thread batch-1 latency of the three variants interleaved (median
+``time.thread_time``); the Conv/MatMul/Gemm left in float in onnxruntime's optimized graph; and, on the 32
+held-out images, each int8 model's top-1 agreement with the float model and the SQNR of its logits (dB).
+The weights are random (batch-norm statistics from procedural images), so there is no task metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import deploy  # noqa: E402
+import dynamo_deploy  # noqa: E402
+
+
+def fmt_table(rows: list[dict]) -> str:
+    lines = ["| model | exporter | float ms | qtool (x float) | ort (x float) | qtool / ort | top-1 agree % qtool / ort "
+             "| SQNR dB qtool / ort | float layers left: float / qtool / ort |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        v = row["variants"]
+
+        def get(variant, key, fmt):
+            x = v.get(variant, {})
+            return fmt.format(x[key]) if key in x else ("error" if "error" in x else "-")
+
+        q, o = v.get("qtool", {}), v.get("ort", {})
+        vs = f"{q['latency_ms'] / o['latency_ms']:.2f}x" if "latency_ms" in q and "latency_ms" in o else "-"
+        model, _, tag = row["model"].rpartition(".")
+        lines.append(f"| {model} | {dict(ts='TorchScript 17', dy='dynamo').get(tag, tag)} "
+                     f"| {get('float', 'latency_ms', '{:.2f}')} | {get('qtool', 'ratio', '{:.2f}x')} "
+                     f"| {get('ort', 'ratio', '{:.2f}x')} | {vs} "
+                     f"| {get('qtool', 'agree_top1', '{:.0f}')} / {get('ort', 'agree_top1', '{:.0f}')} "
+                     f"| {get('qtool', 'sqnr_db', '{:.1f}')} / {get('ort', 'sqnr_db', '{:.1f}')} | "
+                     + " / ".join(get(n, "float_layers", "{}") for n in deploy.VARIANTS) + " |")
+    notes = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
+    notes += [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
+              if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    notes += [f"- {row['model']} qtool float layers: {', '.join(row['variants']['qtool']['float_layer_nodes'][:8])}"
+              for row in rows if row["variants"].get("qtool", {}).get("float_layers")]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models_dir")
+    ap.add_argument("--models", help="comma-separated <model>.<ts|dy> subset (default: every one in MODELS_DIR)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
+    ap.add_argument("--json", help="also write all results to this JSON file")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.models_dir):
+        print(f"no such folder: {args.models_dir}", file=sys.stderr)
+        return 2
+    have = sorted(f[:-5] for f in os.listdir(args.models_dir)
+                  if f.endswith(".json") and os.path.exists(os.path.join(args.models_dir, f[:-5] + ".eval.npz")))
+    chosen = args.models.split(",") if args.models else have
+    missing = [m for m in chosen if m not in have]
+    if missing:
+        print(f"not in {args.models_dir}: {', '.join(missing)} (it has {', '.join(have)})", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="timm_deploy_") as scratch:
+        for name in chosen:
+            t = time.perf_counter()
+            evals = dict(np.load(os.path.join(args.models_dir, name + ".eval.npz")))
+            rows.append(dynamo_deploy.bench(args.models_dir, name, args.rounds, args.warmup,
+                                            os.path.join(args.keep or scratch, name), evals=evals))
+            print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+            if args.json:
+                json.dump(rows, open(args.json, "w"), indent=1)
+    print(fmt_table(rows))
+    print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
+          "median of time.thread_time, variants interleaved")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
