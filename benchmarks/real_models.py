@@ -2787,7 +2787,7 @@ def leader(root: Path) -> Case:
     input a grey 500-dpi print 0-255, NHWC, as ``extract`` feeds it (``_fingerprints``: 320 x 320, a multiple of 32).
     Agreement: F1 of the minutiae (``_minutiae``; a match: within 8 pixels, the same type) against float's, and the
     mean direction difference of the matched ones."""
-    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (64, 2)))
+    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (int(os.environ.get("LEADER_EVAL", 64)), 2)))
     name = "input"
 
     def agree(ref, sess):

@@ -459,6 +459,38 @@ def test_an_rgb_stem_conv_reads_its_input_padded_to_4_channels(cout, padded, tmp
     np.testing.assert_array_equal(*outs)
 
 
+@pytest.mark.parametrize("k, cout, widened", [(5, 3, 16), (3, 1, 16), (3, 20, 24), (1, 3, None), (3, 16, None)])
+def test_a_narrow_conv_is_widened_to_16_output_channels(k, cout, widened, tmp_path, monkeypatch):
+    """SRCNN's last conv (5 x 5, 32 -> 3 channels at 768 x 768, MMDeploy's tutorial export) ran in onnxruntime's
+    im2col + GEMM: the fast QLinearConv kernel takes >= 16 output channels, a multiple of 8. qtool widens such a
+    conv's weight and bias codes with zero channels and slices its output codes back after the QuantizeLinear:
+    the same values to the bit. 1 x 1 convs stay as they are (a GEMM either way)."""
+    from qtool.onnx_rewrite.eval_graph import EvalEncoder
+
+    b = Builder(opset=11, named=False)
+    x, feeds = image_input(b, c=8, hw=12)
+    y = b.node("Relu", [conv_bn(b, x, 8, 32)])
+    y = b.conv(y, 32, cout, k=k)
+    proto = b.proto([y])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["QLinearConv"] == 2
+    entries = result.to_dict()["widened_outputs"]
+    assert entries == ([] if widened is None else [{"layer": entries[0]["layer"], "output_channels": cout,
+                                                     "widened_to": widened, "slice": entries[0]["slice"]}])
+    model = ir.serde.serialize_model(result.model)
+    if widened is None:
+        return
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    assert len(slices) == 1 and onnx.numpy_helper.to_array(
+        next(i for i in model.graph.initializer if i.name == slices[0].input[2])).tolist() == [cout]
+    monkeypatch.setattr(EvalEncoder, "widen_output_channels", lambda self, layer: None)
+    plain, _ = quantize(proto, feeds)
+    outs = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            for m in (model, plain)]
+    assert outs[0].shape == (8, cout, 12, 12)
+    np.testing.assert_array_equal(*outs)
+
+
 def optimized_graph(model: onnx.ModelProto, tmp_path) -> onnx.GraphProto:
     path = str(tmp_path / "optimized_graph.onnx")
     options = ort.SessionOptions()
