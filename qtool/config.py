@@ -61,6 +61,9 @@ class QuantConfig:
     # TensorRT and TFLite's int8 spec want) instead of uint8; onnxruntime's x86 kernels fuse uint8
     # activations only and leave int8 Conv/MatMul in float (docs/rewrite-eval.md); deployment only
     int8_activations: bool = False
+    # layers whose output in-graph peak picking compares (``placement.peaks``): found by the placement,
+    # not an option; they stay float as if excluded, with their own reason
+    peak_picked: frozenset[str] = frozenset()
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -92,6 +95,10 @@ class QuantConfig:
         name = node.name or ""
         if name in self.exclude:
             return f"'{name}' is excluded (--exclude)"
+        if name in self.peak_picked:
+            from qtool.onnx_rewrite.placement.peaks import PEAK_REASON
+
+            return f"'{name}' {PEAK_REASON}"
         if self.scope and not name.startswith(self.scope):
             return f"'{name}' is outside --scope '{self.scope}'"
         return None
