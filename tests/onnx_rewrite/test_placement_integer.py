@@ -522,6 +522,28 @@ def test_the_layer_that_in_graph_peak_picking_reads_stays_float():
     assert abs(int(peaks[1].sum()) - int(peaks[0].sum())) <= 0.1 * peaks[0].sum()
 
 
+def test_modulation_before_a_residual_add_and_relu_runs_in_integers(tmp_path):
+    """CSRNet (hpc203's photo retoucher, PyTorch 2.1): ``Relu(conv * scale + shift + conv)`` with ``scale`` and
+    ``shift`` per-channel Gemm outputs of a condition branch. The residual Add feeds the Relu (fused into
+    QLinearAdd); read as a float op, it took the quantizers of the Add and Mul before it away and all three ran
+    in float on the full-size map (0.74x float against onnxruntime's tool's 0.39x)."""
+    b = Builder(opset=11)
+    x, feeds = image_input(b, c=4, hw=16)
+    cond = b.node("ReduceMean", [b.node("Relu", [b.conv(x, 4, 8, k=3, name="cond")])], axes=[2, 3], keepdims=0)
+    y = x
+    for i in range(2):
+        conv = b.conv(y, 4 if i == 0 else 16, 16, k=1, name=f"base{i}")
+        scale, shift = (b.node("Reshape", [b.node("Gemm", [cond, b.const(
+            (np.random.default_rng(i).standard_normal((16, 8)) * 0.2).astype(np.float32)), b.const(
+            np.full(16, 1.0 if part == "scale" else 0.1, np.float32))], name=f"{part}{i}", transB=1),
+            b.const(np.array([-1, 16, 1, 1], np.int64))]) for part in ("scale", "shift"))
+        y = b.node("Relu", [b.node("Add", [b.node("Add", [b.node("Mul", [conv, scale]), shift]), conv])])
+    out = b.conv(y, 16, 8, k=1, name="out")
+    ops, result = check_integer(b.proto([out]), feeds, tmp_path, expect=["QLinearAdd", "QLinearMul"])
+    assert not ops["Add"] and not ops["Mul"], ops
+    assert not [e for e in result.summary["float_ops"] if e["op"] in ("Add", "Mul")]
+
+
 def optimized_graph(model: onnx.ModelProto, tmp_path) -> onnx.GraphProto:
     path = str(tmp_path / "optimized_graph.onnx")
     options = ort.SessionOptions()
