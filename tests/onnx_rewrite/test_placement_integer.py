@@ -544,6 +544,21 @@ def test_modulation_before_a_residual_add_and_relu_runs_in_integers(tmp_path):
     assert not [e for e in result.summary["float_ops"] if e["op"] in ("Add", "Mul")]
 
 
+def test_a_resize_whose_scales_are_a_graph_input_is_not_reported_float(tmp_path):
+    """MMDeploy's tutorial SRCNN takes the Resize's scales as a graph input ``factor`` [4] (no batch axis): the
+    Resize runs on the input's codes like one with constant scales, but was listed among the ops in float."""
+    b = Builder(opset=11)
+    x = b.input("x", [1, 3, 8, 8])
+    factor = b.input("factor", [4])
+    up = b.node("Resize", [x, b.const(np.zeros(0, np.float32)), factor], mode="cubic")
+    y = b.conv(b.node("Relu", [b.conv(up, 3, 16, k=3)]), 16, 16, k=1)
+    feeds = {"x": x_data(4, 3, 8, 8), "factor": np.float32([1, 1, 2, 2])}
+    quantized, result = quantize(b.proto([y]), feeds)
+    assert result.summary["float_ops"] == []
+    ops = optimized_ops(quantized, tmp_path)
+    assert not FLOAT_LAYERS & set(ops) and ops["QLinearConv"] == 2
+
+
 def optimized_graph(model: onnx.ModelProto, tmp_path) -> onnx.GraphProto:
     path = str(tmp_path / "optimized_graph.onnx")
     options = ort.SessionOptions()

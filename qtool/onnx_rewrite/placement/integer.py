@@ -705,8 +705,10 @@ class FloatOps(PlacementRule):
             return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
         outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
         variable = _variable_inputs(ctx, node)
-        # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only
-        inputs_quantized = all(ctx.is_quantized(v) for v in variable if ctx.carries_data(v))
+        # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only;
+        # nor are its roi / scales / sizes given as graph inputs (MMDeploy's SRCNN tutorial export: ``factor``)
+        read = variable if node.op_type not in ("Resize", "Upsample") else [v for v in variable if v is node.inputs[0]]
+        inputs_quantized = all(ctx.is_quantized(v) for v in read if ctx.carries_data(v))
         if (node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized
                 and not _constant_operand(ctx, node)):
             return
