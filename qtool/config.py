@@ -31,6 +31,11 @@ def _delay(value, label: str) -> int | None:
     return int(value)
 
 
+# why a layer that in-graph peak picking reads stays float (``onnx_rewrite.placement.peaks``)
+PEAK_REASON = ("writes the map that in-graph peak picking compares with its own MaxPool (Equal): on 8-bit codes "
+               "a peak's neighbours tie with it and are kept too")
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """What to quantize and how: bit widths, symmetry, per-channel weights, scope."""
@@ -96,8 +101,6 @@ class QuantConfig:
         if name in self.exclude:
             return f"'{name}' is excluded (--exclude)"
         if name in self.peak_picked:
-            from qtool.onnx_rewrite.placement.peaks import PEAK_REASON
-
             return f"'{name}' {PEAK_REASON}"
         if self.scope and not name.startswith(self.scope):
             return f"'{name}' is outside --scope '{self.scope}'"

@@ -21,8 +21,6 @@ from qtool.model.layers import is_layer
 _MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Identity", "Flatten"}
 _CARRIES = _MOVES | {"Resize", "Upsample"}  # what carries a layer's codes on to ``h`` (qtool carries its quantizer)
 _MONOTONE = {"Sigmoid", "Tanh", "Relu"}
-PEAK_REASON = ("writes the map that in-graph peak picking compares with its own MaxPool (Equal): on 8-bit codes "
-               "a peak's neighbours tie with it and are kept too")
 
 
 def _moved_from(value: ir.Value | None) -> ir.Value | None:
