@@ -391,9 +391,10 @@ class EvalEncoder:
         if x_dq is None or w_dq is None or w_dq.op_type != DEQUANTIZE or not eight_bit_kernel_types(x_dq, w):
             return
         codes = symmetric_int8_codes(w_dq)
+        x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
         if codes is None or codes.ndim != 4 or codes.shape[2] * codes.shape[3] < 9 \
-                or codes.shape[1] % SYM_CONV_INPUT_ALIGN:
-            return
+                or codes.shape[1] % SYM_CONV_INPUT_ALIGN or x_zero is None or x_zero.dtype != np.uint8:
+            return  # (int8 activations: onnxruntime's x86 fusion left the widened conv in float)
         out = codes.shape[0]
         target = max(SYM_CONV_MIN_OUTPUTS, -(-out // SYM_CONV_OUTPUT_ALIGN) * SYM_CONV_OUTPUT_ALIGN)
         y = layer.outputs[0]
