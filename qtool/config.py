@@ -31,6 +31,11 @@ def _delay(value, label: str) -> int | None:
     return int(value)
 
 
+# why a layer that in-graph peak picking reads stays float (``onnx_rewrite.placement.peaks``)
+PEAK_REASON = ("writes the map that in-graph peak picking compares with its own MaxPool (Equal): on 8-bit codes "
+               "a peak's neighbours tie with it and are kept too")
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """What to quantize and how: bit widths, symmetry, per-channel weights, scope."""
@@ -61,6 +66,9 @@ class QuantConfig:
     # TensorRT and TFLite's int8 spec want) instead of uint8; onnxruntime's x86 kernels fuse uint8
     # activations only and leave int8 Conv/MatMul in float (docs/rewrite-eval.md); deployment only
     int8_activations: bool = False
+    # layers whose output in-graph peak picking compares (``placement.peaks``): found by the placement,
+    # not an option; they stay float as if excluded, with their own reason
+    peak_picked: frozenset[str] = frozenset()
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -92,6 +100,8 @@ class QuantConfig:
         name = node.name or ""
         if name in self.exclude:
             return f"'{name}' is excluded (--exclude)"
+        if name in self.peak_picked:
+            return f"'{name}' {PEAK_REASON}"
         if self.scope and not name.startswith(self.scope):
             return f"'{name}' is outside --scope '{self.scope}'"
         return None

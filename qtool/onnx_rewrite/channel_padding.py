@@ -166,6 +166,15 @@ def _widen_outputs(conv: ir.Node, extra: int) -> None:
         dq.outputs[0].shape = None
 
 
+def widen_outputs(conv: ir.Node, extra: int) -> bool:
+    """``extra`` zero output channels for a Conv whose weight (and bias) DequantizeLinear nodes are its own
+    (int8 weight codes of zero point 0); False, unchanged, otherwise."""
+    if _weight_dqs(conv) is None:
+        return False
+    _widen_outputs(conv, extra)
+    return True
+
+
 def _widen_inputs(conv: ir.Node, extra: int) -> None:
     dq = _weight_dqs(conv)[0]
     _set(dq.inputs[0], pad_axis(constant_array(dq.inputs[0]), 1, extra))

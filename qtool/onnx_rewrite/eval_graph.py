@@ -76,7 +76,7 @@ from qtool.model.constants import constant_array, constant_source, contiguous, r
 from qtool.model.graph import GraphView, take_over
 from qtool.model.layers import float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel
 from qtool.model.names import NameScope, context_of
-from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels, symmetric_int8_codes
+from qtool.onnx_rewrite.channel_padding import pad_axis, pad_depthwise_channels, symmetric_int8_codes, widen_outputs
 from qtool.onnx_rewrite.hard_activations import gate_parameters, gate_shift
 from qtool.onnx_rewrite.kernel_forms import (
     SPACE_TO_DEPTH_CHANNELS,
@@ -109,6 +109,7 @@ class EvalEncoding:
     scalar_operands: list[dict] = field(default_factory=list)  # Add/Mul constants read through their own DQ
     padded_inputs: list[dict] = field(default_factory=list)  # Convs whose input channels were padded to 4k
     padded_depthwise: list[dict] = field(default_factory=list)  # depthwise Convs widened to 16k channels
+    widened_outputs: list[dict] = field(default_factory=list)  # narrow Convs widened to 16 / 8k output channels
     space_to_depth: list[dict] = field(default_factory=list)  # stride-2 Convs read through a SpaceToDepth
     tiled_gates: list[dict] = field(default_factory=list)  # squeeze-excite gates tiled over the width
     depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
@@ -374,6 +375,56 @@ class EvalEncoder:
         self.result.padded_inputs.append({"layer": layer.name, "input_channels": int(codes.shape[1]),
                                           "padded_to": int(padded.shape[1]), "pad": pad.name})
 
+    def widen_output_channels(self, layer: ir.Node) -> None:
+        """A group-1 integer Conv with a spatial kernel (3 x 3 and up) and fewer than 16 output channels, or a
+        count that is not a multiple of 8 (an image-to-image net's last conv to 3 channels, a segmentation head
+        to 1-3 classes) runs in onnxruntime's im2col + GEMM, not its fast kernel (:data:`SYM_CONV_MIN_OUTPUTS`):
+        its weight and int32 bias codes get zero output channels up to 16 (or the next multiple of 8) and its
+        output codes, after their QuantizeLinear, a ``Slice`` back to its own channels. Exact: the kept channels
+        are computed and requantized as before. SRCNN's 5 x 5 conv 32 -> 3 at 768 x 768: 568 -> ~200 ms;
+        micro-models (32 input channels, 384 x 384, 5 x 5): 3 outputs 46 ms, 16 outputs 16 ms. Not for 1 x 1
+        convs (a GEMM either way: 1.76 against 1.67 ms at 256 x 256, no gain for a Slice)."""
+        if layer.domain != "" or layer.op_type != "Conv" or group_of(layer) != 1 or self.opset < 10:
+            return
+        x_dq, w = _input_dq(layer), layer_weight(layer)
+        w_dq = w.producer() if w is not None else None
+        if x_dq is None or w_dq is None or w_dq.op_type != DEQUANTIZE or not eight_bit_kernel_types(x_dq, w):
+            return
+        codes = symmetric_int8_codes(w_dq)
+        x_zero = constant_array(x_dq.inputs[2]) if len(x_dq.inputs) > 2 else None
+        if codes is None or codes.ndim != 4 or codes.shape[2] * codes.shape[3] < 9 \
+                or codes.shape[1] % SYM_CONV_INPUT_ALIGN or x_zero is None or x_zero.dtype != np.uint8:
+            return  # (int8 activations: onnxruntime's x86 fusion left the widened conv in float)
+        out = codes.shape[0]
+        target = max(SYM_CONV_MIN_OUTPUTS, -(-out // SYM_CONV_OUTPUT_ALIGN) * SYM_CONV_OUTPUT_ALIGN)
+        y = layer.outputs[0]
+        uses = list(y.uses())
+        if target == out or y.is_graph_output() or len(uses) != 1 or uses[0][1] != 0:
+            return
+        q = uses[0][0]
+        if q.domain != "" or q.op_type != QUANTIZE or any(
+                constant_array(v) is None or constant_array(v).size != 1 for v in q.inputs[1:3] if v is not None):
+            return
+        codes_out = q.outputs[0]
+        if codes_out.is_graph_output() or not widen_outputs(layer, target - out):
+            return
+        shape = codes_out.shape
+        y.shape = codes_out.shape = None
+        base = self.names.prefix(f"{layer.name or 'Conv'}/output_channels", ["Slice"],
+                                 ["starts", "ends", "axes", "sliced"])
+        sliced = ir.node("Slice", [codes_out, self.initializer(f"{base}/starts", np.array([0], np.int64)),
+                                   self.initializer(f"{base}/ends", np.array([out], np.int64)),
+                                   self.initializer(f"{base}/axes", np.array([1], np.int64))], name=f"{base}/Slice")
+        sliced.outputs[0].name = f"{base}/sliced"
+        sliced.outputs[0].dtype = codes_out.dtype
+        sliced.outputs[0].shape = shape
+        for node, index in list(codes_out.uses()):
+            if node is not sliced:
+                node.replace_input_with(index, sliced.outputs[0])
+        self.graph.insert_after(q, sliced)
+        self.result.widened_outputs.append({"layer": layer.name, "output_channels": int(out),
+                                            "widened_to": int(target), "slice": sliced.name})
+
     def space_to_depth_input(self, layer: ir.Node) -> None:
         """A stride-2 Conv with 1 or 2 input channels (a grayscale stem) reads its input codes through a
         ``SpaceToDepth`` (blocksize 2) and a DequantizeLinear of its own, as the equivalent stride-1 Conv
@@ -500,6 +551,8 @@ class EvalEncoder:
             self.pad_input_channels(match.layer)
         if self.config.activation_bits == 8:
             self.result.padded_depthwise = pad_depthwise_channels(self.graph)
+            for match in self.plan.layers:  # after the depthwise widening, which reads the convs as they were
+                self.widen_output_channels(match.layer)
             for match in self.plan.layers:
                 self.space_to_depth_input(match.layer)
             # after the widening: a Tile would stop it at the squeeze-excite Mul
@@ -767,19 +820,29 @@ class QuantizeBias:
                 "(the bias scale input_scale * weight_scale is too small for them)")
             return np.clip(q, -_INT32.max, _INT32.max).astype(np.int32), b_scale, 1, saturated
         # No integer kernel for these types: onnxruntime runs DQ -> float layer, so the bias DQ may
-        # have a coarser scale, a power-of-two multiple of the usual one.
-        q = np.rint(b.astype(np.float64).reshape(-1) / b_scale.astype(np.float64))
-        k = int(np.ceil(np.log2(float(np.max(np.abs(q))) / _INT32.max)))
+        # have a coarser scale, a power-of-two multiple of the usual one. Per channel where the bias DQ
+        # is per channel (opset 13): one factor for all would take the overflowing channel's (a channel
+        # of near-zero weights, scale ~1e-21, beside a bias of 1: 2**49) to every channel and round
+        # the others' biases to 0 (smp's PAN at W16A16: its squeeze-excite biases lost, SQNR 3 dB).
+        b64 = b.astype(np.float64).reshape(-1)
+        q = np.rint(b64 / b_scale.astype(np.float64))
+        with np.errstate(divide="ignore"):
+            need = np.ceil(np.log2(np.abs(q) / _INT32.max))
+        if self.encoder.opset >= 13:
+            k = np.where(np.abs(q) > _INT32.max, np.maximum(need, 0), 0).astype(np.int64)
+        else:  # one bias scale for the tensor
+            k = np.full(q.shape, int(np.max(need)), np.int64)
         while True:
-            scaled = (b_scale * np.float32(2**k)).astype(np.float32)
-            q = np.rint(b.astype(np.float64).reshape(-1) / scaled.astype(np.float64))
-            if not np.any(np.abs(q) > _INT32.max):
+            scaled = (b_scale * np.exp2(k).astype(np.float32)).astype(np.float32)
+            q = np.rint(b64 / scaled.astype(np.float64))
+            over = np.abs(q) > _INT32.max
+            if not np.any(over):
                 break
-            k += 1
+            k = k + (over if self.encoder.opset >= 13 else 1)
         if not np.all(np.isfinite(scaled)):
             self.encoder.result.notes.append(f"layer '{layer.name}': bias left in float (out of int32 range)")
             return None, b_scale, 1, 0
-        return q.astype(np.int32), scaled, 2**k, 0
+        return q.astype(np.int32), scaled, 2 ** int(np.max(k)), 0
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,

@@ -171,6 +171,7 @@ class RewriteResult:
             "scalar_operands_integer": len(e.scalar_operands),
             "conv_inputs_padded": len(e.padded_inputs),
             "depthwise_widened": len(e.padded_depthwise),
+            "conv_outputs_widened": len(e.widened_outputs),
             "convs_on_space_to_depth": len(e.space_to_depth),
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
@@ -212,6 +213,7 @@ class RewriteResult:
             "scalar_operands": e.scalar_operands,
             "padded_inputs": e.padded_inputs,
             "padded_depthwise": e.padded_depthwise,
+            "widened_outputs": e.widened_outputs,
             "space_to_depth": e.space_to_depth,
             "tiled_gates": e.tiled_gates,
             "depthwise_pools": e.depthwise_pools,
@@ -381,6 +383,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["conv_inputs_padded"], "Conv input") + " padded to 4k channels")
     if c.get("depthwise_widened"):
         extra.append(_plural(c["depthwise_widened"], "depthwise Conv") + " widened to 16k channels")
+    if c.get("conv_outputs_widened"):
+        extra.append(_plural(c["conv_outputs_widened"], "narrow Conv") + " widened to 16 / 8k output channels")
     if c.get("prelus_as_sums"):
         extra.append(_plural(c["prelus_as_sums"], "PRelu") + " as Relu + Min * slope")
     if c.get("gelus_fused"):

@@ -248,6 +248,10 @@ def _chain_to_quantize(x: ir.Value) -> tuple[ir.Node | None, list[ir.Node], tupl
             break
         if _is(p, "QuantizeLinear"):
             return (p, chain, grid) if p.inputs and p.inputs[0] is not None else (None, chain, grid)
+        if _is(p, "Slice") and p.inputs and p.inputs[0] is not None and p.inputs[0].producer() is not None \
+                and _is(p.inputs[0].producer(), "QuantizeLinear"):
+            v = p.inputs[0]  # a narrow Conv's output codes sliced back to its channels (rewrite-eval widens it)
+            continue
         if not (_is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None):
             break
         if _is(p, "Clip") and len(p.inputs) >= 3:

@@ -187,6 +187,9 @@ def test_training_graph_trains_the_folded_weight_and_deploys_it():
     got = _tapped(train, w_train).run(w_train, feeds_train)
     want = _tapped(via_train, w_deploy).run(w_deploy, feeds)
     assert len(got) == len(want) == 2
+    # (a narrow conv's deployed weight has zero output channels added for onnxruntime's fast kernel: cut them)
+    want = [w[:len(g)] for g, w in zip(sorted(got, key=lambda a: a.shape[1:]), sorted(want, key=lambda a: a.shape[1:]))]
+    got = sorted(got, key=lambda a: a.shape[1:])
     assert sorted(a.tobytes() for a in got) == sorted(a.tobytes() for a in want)
 
 

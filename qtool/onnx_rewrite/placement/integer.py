@@ -622,6 +622,12 @@ def _integer_reader(ctx: PlanContext, node: ir.Node) -> bool:
             return False  # with a non-scalar float constant operand there is no QLinearAdd/QLinearMul
         if not all(ctx.is_quantized(v) for v in variable):
             return False  # one operand float (a GELU's 1 + erf): the Add/Mul runs in float
+        if _fused_activation(ctx, node):
+            # Add/Mul -> Relu/Clip whose output is quantized: onnxruntime fuses the activation into QLinearAdd /
+            # QLinearMul (CSRNet's modulation Mul -> Add -> residual Add -> Relu: read as float, the two before
+            # lost their quantizers and all three ran in float on full-size maps, 0.74x float against
+            # onnxruntime's tool's 0.39x)
+            return True
     return all(ctx.point(o) is not None for o in node.outputs if o is not None)
 
 
@@ -699,8 +705,10 @@ class FloatOps(PlacementRule):
             return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
         outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
         variable = _variable_inputs(ctx, node)
-        # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only
-        inputs_quantized = all(ctx.is_quantized(v) for v in variable if ctx.carries_data(v))
+        # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only;
+        # nor are its roi / scales / sizes given as graph inputs (MMDeploy's SRCNN tutorial export: ``factor``)
+        read = variable if node.op_type not in ("Resize", "Upsample") else [v for v in variable if v is node.inputs[0]]
+        inputs_quantized = all(ctx.is_quantized(v) for v in read if ctx.carries_data(v))
         if (node.domain == "" and node.op_type in INTEGER_KERNELS and outputs_quantized and inputs_quantized
                 and not _constant_operand(ctx, node)):
             return
