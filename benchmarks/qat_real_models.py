@@ -56,6 +56,16 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:160]}" + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
 
 
+def _first_samples(case, n: int) -> dict:
+    """The case's calibration inputs cut to their first ``n`` samples; an input whose first axis the model fixes
+    at more than 1 has no batch axis (a state fed whole with every batch) and stays whole."""
+    import onnx
+
+    dims = {i.name: i.type.tensor_type.shape.dim for i in onnx.load(str(case.path), load_external_data=False).graph.input}
+    whole = {k for k, d in dims.items() if d and d[0].HasField("dim_value") and d[0].dim_value > 1}
+    return {k: v if k in whole else v[:n] for k, v in case.calib.items()}
+
+
 def _agreement(case, path: str):
     import onnxruntime as ort
 
@@ -70,7 +80,7 @@ def measure(case, args, tmp: Path) -> dict:
     from qtool.finetune.config import FinetuneConfig
 
     calib = str(tmp / "calib.npz")
-    data = {k: v[:args.samples] for k, v in case.calib.items()} if args.samples else case.calib
+    data = _first_samples(case, args.samples) if args.samples else case.calib
     np.savez(calib, **data)
     model = str(case.path)
     samples = len(next(iter(data.values())))
