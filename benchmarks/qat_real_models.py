@@ -139,7 +139,8 @@ def main() -> None:
     parser.add_argument("--no-ptq", action="store_true", help="the QAT workflow only (a quick check)")
     parser.add_argument("--samples", type=int, default=0,
                         help="calibrate, train and validate on the first N calibration samples only (a quick check of "
-                             "a model whose validation over all of them costs minutes; 0: all)")
+                             "a model whose validation over all of them costs minutes; 0: all). A model without a "
+                             "batch axis (madmom's [frames, bins]) gets N frames: too few to calibrate it")
     parser.add_argument("--traceback", action="store_true", help="print a failing step's traceback on stderr")
     args = parser.parse_args()
     print("| model | PTQ minmax | PTQ auto | QAT | steps (batch) | s: minmax / auto / train / finetune (compile, "
