@@ -135,21 +135,28 @@ def main(argv=None) -> int:
         print(f"no such folder: {args.models_dir}", file=sys.stderr)
         return 2
     have = sorted(f[:-5] for f in os.listdir(args.models_dir) if f.endswith(".json"))
+    return run_models(args, have, "dynamo_deploy_", fmt_table)
+
+
+def run_models(args, have: list[str], prefix: str, table, evals_for=None) -> int:
+    """The main loop of this script and of ``timm_deploy.py``: each model of ``args.models`` (default: all of
+    ``have``) benched (:func:`bench`; ``evals_for(name)``: its held-out inputs), the rows written to ``args.json``
+    as they come, the table (``table(rows)``) printed at the end."""
     chosen = args.models.split(",") if args.models else have
     missing = [m for m in chosen if m not in have]
     if missing:
         print(f"not in {args.models_dir}: {', '.join(missing)} (it has {', '.join(have)})", file=sys.stderr)
         return 2
     rows = []
-    with tempfile.TemporaryDirectory(prefix="dynamo_deploy_") as scratch:
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
         for name in chosen:
             t = time.perf_counter()
             rows.append(bench(args.models_dir, name, args.rounds, args.warmup, os.path.join(args.keep or scratch, name),
-                              args.ort_samples))
+                              getattr(args, "ort_samples", None), evals_for(name) if evals_for else None))
             print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
             if args.json:
                 json.dump(rows, open(args.json, "w"), indent=1)
-    print(fmt_table(rows))
+    print(table(rows))
     print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
           "median of time.thread_time, variants interleaved")
     return 0

@@ -15,14 +15,10 @@ The weights are random (batch-norm statistics from procedural images), so there 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
-import time
 
 import numpy as np
-import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -71,25 +67,9 @@ def main(argv=None) -> int:
         return 2
     have = sorted(f[:-5] for f in os.listdir(args.models_dir)
                   if f.endswith(".json") and os.path.exists(os.path.join(args.models_dir, f[:-5] + ".eval.npz")))
-    chosen = args.models.split(",") if args.models else have
-    missing = [m for m in chosen if m not in have]
-    if missing:
-        print(f"not in {args.models_dir}: {', '.join(missing)} (it has {', '.join(have)})", file=sys.stderr)
-        return 2
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="timm_deploy_") as scratch:
-        for name in chosen:
-            t = time.perf_counter()
-            evals = dict(np.load(os.path.join(args.models_dir, name + ".eval.npz")))
-            rows.append(dynamo_deploy.bench(args.models_dir, name, args.rounds, args.warmup,
-                                            os.path.join(args.keep or scratch, name), evals=evals))
-            print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
-            if args.json:
-                json.dump(rows, open(args.json, "w"), indent=1)
-    print(fmt_table(rows))
-    print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
-          "median of time.thread_time, variants interleaved")
-    return 0
+    return dynamo_deploy.run_models(
+        args, have, "timm_deploy_", fmt_table,
+        lambda name: dict(np.load(os.path.join(args.models_dir, name + ".eval.npz"))))
 
 
 if __name__ == "__main__":

@@ -484,28 +484,30 @@ def _affine_lists(folds) -> dict:
             "depthwise_multipliers": list(folds.multipliers) if folds is not None else []}
 
 
+# the eval rewrites before placement that the summary shows when they did anything: (count key, label, what it is)
+_REWRITE_LINES = (
+    ("float16_as_float32", "float16 -> float32", " weights and constants  (a float16 body between float32 inputs "
+     "and outputs)"),
+    ("weight_expressions_folded", "weights folded", "  (computed in the graph from constants by Slice/Concat/...: "
+     "now initializers)"),
+    ("convtransposes_as_convs", "ConvTranspose as Conv", "  (+ DepthToSpace where strided: onnxruntime has no integer "
+     "ConvTranspose)"),
+    ("means_as_global_pools", "ReduceMean as pool", "  (a mean over the spatial axes as GlobalAveragePool: onnxruntime "
+     "has no integer ReduceMean)"),
+    ("neutral_ops_removed", "x*1, x+0 removed", "  (a Mul by one / Add of zero: onnxruntime drops it from the float "
+     "model)"),
+    ("depthwise_multipliers", "depthwise x m as x 1", "  (a depthwise Conv with a channel multiplier as Gather + "
+     "depthwise Conv: onnxruntime runs it group by group)"),
+)
+
+
 def _affine_lines(c: dict) -> list[str]:
     """The constant Mul/Add after a layer folded into it (fold_affine): shown when there were any."""
     folded, skipped = c.get("affine_folded", 0), c.get("affine_not_folded", 0)
     lines = []
-    if c.get("float16_as_float32"):
-        lines.append(f"  float16 -> float32     {c['float16_as_float32']} weights and constants  (a float16 body "
-                     "between float32 inputs and outputs)")
-    if c.get("weight_expressions_folded"):
-        lines.append(f"  weights folded         {c['weight_expressions_folded']}  (computed in the graph from constants "
-                     "by Slice/Concat/...: now initializers)")
-    if c.get("convtransposes_as_convs"):
-        lines.append(f"  ConvTranspose as Conv  {c['convtransposes_as_convs']}  (+ DepthToSpace where strided: "
-                     "onnxruntime has no integer ConvTranspose)")
-    if c.get("means_as_global_pools"):
-        lines.append(f"  ReduceMean as pool     {c['means_as_global_pools']}  (a mean over the spatial axes as "
-                     "GlobalAveragePool: onnxruntime has no integer ReduceMean)")
-    if c.get("neutral_ops_removed"):
-        lines.append(f"  x*1, x+0 removed       {c['neutral_ops_removed']}  (a Mul by one / Add of zero: onnxruntime "
-                     "drops it from the float model)")
-    if c.get("depthwise_multipliers"):
-        lines.append(f"  depthwise x m as x 1   {c['depthwise_multipliers']}  (a depthwise Conv with a channel multiplier "
-                     "as Gather + depthwise Conv: onnxruntime runs it group by group)")
+    for key, label, what in _REWRITE_LINES:
+        if c.get(key):
+            lines.append(f"  {label:22} {c[key]}{what}")
     if folded or skipped:
         lines.append(f"  Mul/Add folded         {folded} of {folded + skipped}  (a constant scale/shift after a layer, "
                      "into its weight and bias)")
