@@ -41,8 +41,13 @@ class OpTime:
 @contextlib.contextmanager
 def profiling(options: ort.SessionOptions):
     """Turn the profiler on in ``options``; yields the temporary folder its file goes to, to be kept alive as long
-    as the session (it is removed with the last reference, or at once if the session is not made)."""
-    folder = _Folder(tempfile.mkdtemp(prefix="qtool-profile-"))
+    as the session (it is removed with the last reference, or at once if the session is not made); None, profiler
+    off, when no temporary folder can be made (the breakdown is then empty)."""
+    try:
+        folder = _Folder(tempfile.mkdtemp(prefix="qtool-profile-"))
+    except OSError:
+        yield None
+        return
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(folder.path, "profile")
     try:

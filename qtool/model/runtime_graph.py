@@ -44,8 +44,13 @@ _WEIGHTS = "optimized.data"
 @contextlib.contextmanager
 def saving_optimized_graph(options: ort.SessionOptions):
     """Have the session made from ``options`` inside this block write its optimized graph; yields the path it
-    will be at (read it with :func:`layer_kernels` once the session exists). The folder is removed on exit."""
-    folder = tempfile.mkdtemp(prefix="qtool-optimized-")
+    will be at (read it with :func:`layer_kernels` once the session exists), or None when no temporary folder can
+    be made (nothing is written then). The folder is removed on exit."""
+    try:
+        folder = tempfile.mkdtemp(prefix="qtool-optimized-")
+    except OSError:  # an unwritable temporary folder costs this look, not the command
+        yield None
+        return
     try:
         options.optimized_model_filepath = os.path.join(folder, _GRAPH)
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", _WEIGHTS)

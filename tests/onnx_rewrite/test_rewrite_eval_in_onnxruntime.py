@@ -106,3 +106,21 @@ def test_layer_kernels_walks_subgraphs(tmp_path):
     assert layer_kernels(str(tmp_path / "missing.onnx")) is None
     (tmp_path / "garbage.onnx").write_bytes(b"\x07not a model")
     assert layer_kernels(str(tmp_path / "garbage.onnx")) is None
+
+
+def test_no_temporary_folder_costs_the_looks_not_the_command(monkeypatch):
+    """Neither the optimized graph nor the profile gets its temporary folder: the model is written and checked all
+    the same."""
+    make = tempfile.mkdtemp
+
+    def refuse(suffix=None, prefix=None, dir=None):
+        if prefix in ("qtool-optimized-", "qtool-profile-"):
+            raise PermissionError("no room")
+        return make(suffix, prefix, dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    result = qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), calibration_data=str(SAMPLES / "calib.npz"),
+                                latency_rounds=2)
+    report = result.to_dict()
+    assert "in_onnxruntime" not in report and report["output_check"]["sqnr_db"]
+    assert report["latency"]["by_op"] == {"float": [], "quantized": []} and report["latency"]["float_ms"] > 0
