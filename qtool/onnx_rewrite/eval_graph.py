@@ -110,6 +110,7 @@ class EvalEncoding:
     padded_inputs: list[dict] = field(default_factory=list)  # Convs whose input channels were padded to 4k
     padded_depthwise: list[dict] = field(default_factory=list)  # depthwise Convs widened to 16k channels
     widened_outputs: list[dict] = field(default_factory=list)  # narrow Convs widened to 16 / 8k output channels
+    float_inputs_per_channel: list[str] = field(default_factory=list)  # float layers kept float in onnxruntime
     space_to_depth: list[dict] = field(default_factory=list)  # stride-2 Convs read through a SpaceToDepth
     tiled_gates: list[dict] = field(default_factory=list)  # squeeze-excite gates tiled over the width
     depthwise_pools: list[dict] = field(default_factory=list)  # two-element AveragePools as depthwise Convs
@@ -565,7 +566,51 @@ class EvalEncoder:
             self.result.fused_gelus = gelus_fused(self.graph, self.names)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
+        self.keep_float_layers_float()
         return self.result
+
+    def keep_float_layers_float(self) -> None:
+        """A Conv, ConvTranspose or Gemm left in float (``--exclude``, out of scope, peak picking...) whose input
+        comes from a per-tensor DequantizeLinear reads it through a per-channel one of its own (the same scale and
+        zero point repeated over the input channels: the same values). onnxruntime's WeightBiasQuantization
+        (``weight_bias_quantization.cc``) otherwise quantizes such a layer's float weight itself, per tensor, when
+        its input is a per-tensor DequantizeLinear and its output goes to a QuantizeLinear, and runs it as
+        QLinearConv / QGemm: the layer the summary lists in float (and that ``--exclude`` asked to keep float)
+        ran on int8 weights of one scale. A per-channel input DequantizeLinear is what that rule does not take."""
+        if self.opset < 13:
+            return
+        for node in list(self.graph):
+            if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "ConvTranspose", "Gemm") \
+                    or len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+                continue
+            w = constant_array(node.inputs[1])
+            dq = node.inputs[0].producer()
+            if w is None or w.dtype != np.float32 or dq is None or dq.domain != "" or dq.op_type != DEQUANTIZE \
+                    or len(dq.inputs) < 2:
+                continue
+            scale = constant_array(dq.inputs[1])
+            zero = constant_array(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] is not None else None
+            if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
+                continue
+            if node.op_type == "Gemm":
+                axis = 0 if node.attributes.get_int("transA", 0) else 1
+                channels = w.shape[1] if node.attributes.get_int("transB", 0) else w.shape[0]
+            else:
+                axis = 1
+                channels = w.shape[0] if node.op_type == "ConvTranspose" else w.shape[1] * group_of(node)
+            base = self.names.prefix(f"{node.name or node.op_type}/float_input", ["DequantizeLinear"],
+                                     ["scale", "zero_point", "dequantized"])
+            inputs = [dq.inputs[0], self.initializer(f"{base}/scale", np.full(channels, scale.reshape(()),
+                                                                              dtype=scale.dtype))]
+            if zero is not None:
+                inputs.append(self.initializer(f"{base}/zero_point", np.full(channels, zero.reshape(()),
+                                                                               dtype=zero.dtype)))
+            own = ir.node(DEQUANTIZE, inputs, {"axis": axis}, name=f"{base}/DequantizeLinear")
+            own.outputs[0].name = f"{base}/dequantized"
+            own.outputs[0].dtype = ir.DataType.FLOAT
+            self.graph.insert_before(node, own)
+            node.replace_input_with(0, own.outputs[0])
+            self.result.float_inputs_per_channel.append(node.name)
 
 
 # attention written as one op (ONNX's Attention, opset 23: what torch's exporter writes for

@@ -122,10 +122,19 @@ class RewriteResult:
         return {**runtime.to_dict(), "float_layers_listed": listed}
 
     def runtime_warnings(self) -> list[str]:
-        """A layer the summary counts as quantized that onnxruntime runs in float: the plan's prediction of
-        onnxruntime's fusions was wrong for this model, and the summary must not call it quantized."""
+        """A layer the summary counts as quantized that onnxruntime runs in float (the plan's prediction of
+        onnxruntime's fusions was wrong for this model, and the summary must not call it quantized), or one it lists
+        in float that onnxruntime runs in an integer kernel."""
         runtime = self.in_onnxruntime()
-        if runtime is None or len(runtime["float_layers"]) <= runtime["float_layers_listed"]:
+        if runtime is None:
+            return []
+        if len(runtime["float_layers"]) < runtime["float_layers_listed"]:
+            fewer = runtime["float_layers_listed"] - len(runtime["float_layers"])
+            return [f"onnxruntime runs {fewer} layer(s) in integer kernels that this summary lists in float "
+                    f"({len(runtime['float_layers'])} float in its optimized graph, {runtime['float_layers_listed']} "
+                    "listed): it quantized them itself, so they do not compute what the summary says. Please report "
+                    "the model (docs/rewrite-eval.md, 'In onnxruntime')"]
+        if len(runtime["float_layers"]) == runtime["float_layers_listed"]:
             return []
         listed = {x["node"] for x in self.left_in_float()}
         more = len(runtime["float_layers"]) - runtime["float_layers_listed"]
@@ -172,6 +181,7 @@ class RewriteResult:
             "conv_inputs_padded": len(e.padded_inputs),
             "depthwise_widened": len(e.padded_depthwise),
             "conv_outputs_widened": len(e.widened_outputs),
+            "float_layers_kept_float": len(e.float_inputs_per_channel),
             "convs_on_space_to_depth": len(e.space_to_depth),
             "gates_tiled": len(e.tiled_gates),
             "pools_as_depthwise": len(e.depthwise_pools),
@@ -214,6 +224,7 @@ class RewriteResult:
             "padded_inputs": e.padded_inputs,
             "padded_depthwise": e.padded_depthwise,
             "widened_outputs": e.widened_outputs,
+            "float_layers_kept_float": e.float_inputs_per_channel,
             "space_to_depth": e.space_to_depth,
             "tiled_gates": e.tiled_gates,
             "depthwise_pools": e.depthwise_pools,
@@ -385,6 +396,9 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["depthwise_widened"], "depthwise Conv") + " widened to 16k channels")
     if c.get("conv_outputs_widened"):
         extra.append(_plural(c["conv_outputs_widened"], "narrow Conv") + " widened to 16 / 8k output channels")
+    if c.get("float_layers_kept_float"):
+        extra.append(_plural(c["float_layers_kept_float"], "float layer") + " read through a per-channel "
+                     "DequantizeLinear (else onnxruntime quantizes its weight)")
     if c.get("prelus_as_sums"):
         extra.append(_plural(c["prelus_as_sums"], "PRelu") + " as Relu + Min * slope")
     if c.get("gelus_fused"):
@@ -433,8 +447,9 @@ def _runtime_lines(runtime: dict | None) -> list[str]:
     if runtime is None:
         return []
     floats, listed = len(runtime["float_layers"]), runtime["float_layers_listed"]
-    where = ("none in float" if not floats else f"{floats} in float (listed above)" if floats <= listed else
-             f"{floats} in float: {floats - listed} more than listed above (see the warning)")
+    where = ("none in float" if not floats and not listed else f"{floats} in float (listed above)"
+             if floats == listed else f"{floats} in float: {floats - listed} more than listed above (see the warning)"
+             if floats > listed else f"{floats} in float: {listed - floats} fewer than listed above (see the warning)")
     return [f"  in onnxruntime         {runtime['integer_layers']} layer(s) in integer kernels, {where}"]
 
 

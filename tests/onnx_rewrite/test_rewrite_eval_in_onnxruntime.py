@@ -124,3 +124,28 @@ def test_no_temporary_folder_costs_the_looks_not_the_command(monkeypatch):
     report = result.to_dict()
     assert "in_onnxruntime" not in report and report["output_check"]["sqnr_db"]
     assert report["latency"]["by_op"] == {"float": [], "quantized": []} and report["latency"]["float_ms"] > 0
+
+
+def test_an_excluded_layer_stays_float_in_onnxruntime(monkeypatch):
+    """onnxruntime's WeightBiasQuantization quantizes a float Conv's weight itself (per tensor) when its input is a
+    per-tensor DequantizeLinear and its output goes to a QuantizeLinear: ``--exclude`` would not keep it float. Its
+    input is read through a per-channel DequantizeLinear of its own (the same values), which that rule leaves."""
+    result = _digits(exclude=frozenset({"Conv_1"}))
+    runtime = result.to_dict()["in_onnxruntime"]
+    assert [x["op"] for x in runtime["float_layers"]] == ["Conv"] and runtime["float_layers_listed"] == 1
+    assert runtime["integer_layers"] == 4 and result.counts()["float_layers_kept_float"] == 1
+    assert not [w for w in result.warnings if "onnxruntime runs" in w]
+    (conv,) = [n for n in result.model.graph if n.name == "Conv_1"]
+    dq = conv.inputs[0].producer()
+    assert dq.op_type == "DequantizeLinear" and dq.attributes.get_int("axis") == 1
+    assert dq.inputs[1].const_value.numpy().shape == (conv.inputs[1].const_value.numpy().shape[1],)
+
+    # without it, onnxruntime quantizes the excluded layer, and the summary says so
+    import qtool.onnx_rewrite.eval_graph as eval_graph
+
+    monkeypatch.setattr(eval_graph.EvalEncoder, "keep_float_layers_float", lambda self: None)
+    bare = _digits(exclude=frozenset({"Conv_1"}))
+    assert bare.to_dict()["in_onnxruntime"]["float_layers"] == []
+    (warning,) = [w for w in bare.warnings if "onnxruntime runs" in w]
+    assert warning.startswith("onnxruntime runs 1 layer(s) in integer kernels that this summary lists in float")
+    assert "0 in float: 1 fewer than listed above (see the warning)" in bare.format_text()
