@@ -576,8 +576,10 @@ class EvalEncoder:
         (``weight_bias_quantization.cc``) otherwise quantizes such a layer's float weight itself, per tensor, when
         its input is a per-tensor DequantizeLinear and its output goes to a QuantizeLinear, and runs it as
         QLinearConv / QGemm: the layer the summary lists in float (and that ``--exclude`` asked to keep float)
-        ran on int8 weights of one scale. A per-channel input DequantizeLinear is what that rule does not take."""
-        if self.opset < 13:
+        ran on int8 weights of one scale. A per-channel input DequantizeLinear is what that rule does not take.
+        Not with ``standard_ops`` (a workaround for onnxruntime; other runtimes, TensorRT's among them, may take
+        per-channel DequantizeLinear for weights only)."""
+        if self.opset < 13 or self.config.standard_ops:
             return
         for node in list(self.graph):
             if node.domain not in ("", "ai.onnx") or node.op_type not in ("Conv", "ConvTranspose", "Gemm") \

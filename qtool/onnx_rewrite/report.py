@@ -130,10 +130,13 @@ class RewriteResult:
             return []
         if len(runtime["float_layers"]) < runtime["float_layers_listed"]:
             fewer = runtime["float_layers_listed"] - len(runtime["float_layers"])
+            why = ("with --standard-ops qtool does not read such a layer's input through a per-channel "
+                   "DequantizeLinear, the form onnxruntime leaves float (docs/rewrite-eval.md, 'In onnxruntime')"
+                   if self.config.standard_ops else
+                   "Please report the model (docs/rewrite-eval.md, 'In onnxruntime')")
             return [f"onnxruntime runs {fewer} layer(s) in integer kernels that this summary lists in float "
                     f"({len(runtime['float_layers'])} float in its optimized graph, {runtime['float_layers_listed']} "
-                    "listed): it quantized them itself, so they do not compute what the summary says. Please report "
-                    "the model (docs/rewrite-eval.md, 'In onnxruntime')"]
+                    f"listed): it quantized them itself, so they do not compute what the summary says. {why}"]
         if len(runtime["float_layers"]) == runtime["float_layers_listed"]:
             return []
         listed = {x["node"] for x in self.left_in_float()}

@@ -140,6 +140,14 @@ def test_an_excluded_layer_stays_float_in_onnxruntime(monkeypatch):
     assert dq.op_type == "DequantizeLinear" and dq.attributes.get_int("axis") == 1
     assert dq.inputs[1].const_value.numpy().shape == (conv.inputs[1].const_value.numpy().shape[1],)
 
+    # --standard-ops (runtimes other than onnxruntime): no per-channel DequantizeLinear of an activation
+    standard = _digits(exclude=frozenset({"Conv_1"}), standard_ops=True)
+    assert standard.counts()["float_layers_kept_float"] == 0
+    (warning,) = [w for w in standard.warnings if "onnxruntime runs" in w]
+    assert "with --standard-ops qtool does not read such a layer's input through a per-channel" in warning
+    assert all(n.attributes.get_int("axis", 1) == 1 and n.inputs[1].const_value.numpy().size == 1
+               for n in standard.model.graph if n.op_type == "DequantizeLinear" and n.inputs[0].const_value is None)
+
     # without it, onnxruntime quantizes the excluded layer, and the summary says so
     import qtool.onnx_rewrite.eval_graph as eval_graph
 
