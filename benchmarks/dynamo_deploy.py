@@ -15,6 +15,7 @@ token ids), since the weights are random and there is no task metric.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -100,15 +101,18 @@ def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_sa
     return row
 
 
+def cell(variants: dict, variant: str, key: str, fmt: str) -> str:
+    """One table cell: ``variants[variant][key]`` formatted, "error" where that variant failed, "-" where absent."""
+    x = variants.get(variant, {})
+    return fmt.format(x[key]) if key in x else ("error" if "error" in x else "-")
+
+
 def fmt_table(rows: list[dict]) -> str:
     lines = ["| model | float ms | qtool (x float) | ort (x float) | SQNR dB qtool / ort "
              "| float layers left: float / qtool / ort |", "|---|---|---|---|---|---|"]
     for row in rows:
         v = row["variants"]
-
-        def get(variant, key, fmt):
-            x = v.get(variant, {})
-            return fmt.format(x[key]) if key in x else ("error" if "error" in x else "-")
+        get = functools.partial(cell, v)
 
         lines.append(f"| {row['model']} | {get('float', 'latency_ms', '{:.1f}')} | {get('qtool', 'ratio', '{:.2f}x')} "
                      f"| {get('ort', 'ratio', '{:.2f}x')} | {get('qtool', 'sqnr_db', '{:.1f}')} / "

@@ -15,6 +15,7 @@ The weights are random (batch-norm statistics from procedural images), so there 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -31,10 +32,7 @@ def fmt_table(rows: list[dict]) -> str:
              "| SQNR dB qtool / ort | float layers left: float / qtool / ort |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         v = row["variants"]
-
-        def get(variant, key, fmt):
-            x = v.get(variant, {})
-            return fmt.format(x[key]) if key in x else ("error" if "error" in x else "-")
+        get = functools.partial(dynamo_deploy.cell, v)
 
         q, o = v.get("qtool", {}), v.get("ort", {})
         vs = f"{q['latency_ms'] / o['latency_ms']:.2f}x" if "latency_ms" in q and "latency_ms" in o else "-"
