@@ -118,10 +118,15 @@ def fmt_table(rows: list[dict]) -> str:
                      f"| {get('ort', 'ratio', '{:.2f}x')} | {get('qtool', 'sqnr_db', '{:.1f}')} / "
                      f"{get('ort', 'sqnr_db', '{:.1f}')} | " + " / ".join(get(n, "float_layers", "{}") for n in
                                                                             deploy.VARIANTS) + " |")
-    errors = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
-    errors += [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
-               if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    errors = table_notes(rows)
     return "\n".join(lines + ([""] + errors if errors else []))
+
+
+def table_notes(rows: list[dict]) -> list[str]:
+    """The lines under a table: each variant's error, and how onnxruntime's tool was run where not as usual."""
+    notes = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
+    return notes + [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
+                    if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
 
 
 def main(argv=None) -> int:

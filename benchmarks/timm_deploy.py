@@ -43,9 +43,7 @@ def fmt_table(rows: list[dict]) -> str:
                      f"| {get('qtool', 'agree_top1', '{:.0f}')} / {get('ort', 'agree_top1', '{:.0f}')} "
                      f"| {get('qtool', 'sqnr_db', '{:.1f}')} / {get('ort', 'sqnr_db', '{:.1f}')} | "
                      + " / ".join(get(n, "float_layers", "{}") for n in deploy.VARIANTS) + " |")
-    notes = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
-    notes += [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
-              if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    notes = dynamo_deploy.table_notes(rows)
     notes += [f"- {row['model']} qtool float layers: {', '.join(row['variants']['qtool']['float_layer_nodes'][:8])}"
               for row in rows if row["variants"].get("qtool", {}).get("float_layers")]
     return "\n".join(lines + ([""] + notes if notes else []))
