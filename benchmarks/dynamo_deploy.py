@@ -129,16 +129,22 @@ def table_notes(rows: list[dict]) -> list[str]:
                     if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(description: str, models_help: str) -> argparse.ArgumentParser:
+    """The options this script and ``timm_deploy.py`` share."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models_dir")
-    ap.add_argument("--models", help="comma-separated subset (default: every <name>.json in MODELS_DIR)")
+    ap.add_argument("--models", help=models_help)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--ort-samples", type=int, help="calibrate onnxruntime's quantize_static on the first N "
-                    "samples only (its calibrator keeps every tensor of every batch in memory)")
     ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
     ap.add_argument("--json", help="also write all results to this JSON file")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = arguments(__doc__, "comma-separated subset (default: every <name>.json in MODELS_DIR)")
+    ap.add_argument("--ort-samples", type=int, help="calibrate onnxruntime's quantize_static on the first N "
+                    "samples only (its calibrator keeps every tensor of every batch in memory)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.models_dir):
         print(f"no such folder: {args.models_dir}", file=sys.stderr)

@@ -14,7 +14,6 @@ The weights are random (batch-norm statistics from procedural images), so there 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -50,13 +49,7 @@ def fmt_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models_dir")
-    ap.add_argument("--models", help="comma-separated <model>.<ts|dy> subset (default: every one in MODELS_DIR)")
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
-    ap.add_argument("--json", help="also write all results to this JSON file")
+    ap = dynamo_deploy.arguments(__doc__, "comma-separated <model>.<ts|dy> subset (default: every one in MODELS_DIR)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.models_dir):
         print(f"no such folder: {args.models_dir}", file=sys.stderr)
