@@ -350,7 +350,8 @@ QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_qua
                          "bias_quant/", "lstm_quant/", "_quant/",
                          # the DequantizeLinear nodes of the kernel forms (eval_graph, kernel_forms)
                          "/input_channels/DequantizeLinear", "/space_to_depth/DequantizeLinear",
-                         "/gate_tile/DequantizeLinear", "/depthwise/DequantizeLinear")
+                         "/gate_tile/DequantizeLinear", "/depthwise/DequantizeLinear",
+                         "/float_input/DequantizeLinear")
 
 
 _NUMBERED_QUANTIZER = re.compile(r"_quant_\d+/")  # a second quantizer of one context: ``carried_quant_1/``

@@ -600,16 +600,13 @@ class EvalEncoder:
             else:
                 axis = 1
                 channels = w.shape[0] if node.op_type == "ConvTranspose" else w.shape[1] * group_of(node)
-            base = self.names.prefix(f"{node.name or node.op_type}/float_input", ["DequantizeLinear"],
+            base = self.names.prefix(f"{node.name or node.op_type}/float_input", [DEQUANTIZE],
                                      ["scale", "zero_point", "dequantized"])
-            inputs = [dq.inputs[0], self.initializer(f"{base}/scale", np.full(channels, scale.reshape(()),
-                                                                              dtype=scale.dtype))]
-            if zero is not None:
-                inputs.append(self.initializer(f"{base}/zero_point", np.full(channels, zero.reshape(()),
-                                                                               dtype=zero.dtype)))
-            own = ir.node(DEQUANTIZE, inputs, {"axis": axis}, name=f"{base}/DequantizeLinear")
-            own.outputs[0].name = f"{base}/dequantized"
-            own.outputs[0].dtype = ir.DataType.FLOAT
+            own = dequantize_node(
+                dq.inputs[0], self.initializer(f"{base}/scale", np.full(channels, scale.reshape(()), scale.dtype)),
+                None if zero is None else self.initializer(f"{base}/zero_point",
+                                                           np.full(channels, zero.reshape(()), zero.dtype)),
+                base, axis, None)
             self.graph.insert_before(node, own)
             node.replace_input_with(0, own.outputs[0])
             self.result.float_inputs_per_channel.append(node.name)

@@ -157,3 +157,15 @@ def test_an_excluded_layer_stays_float_in_onnxruntime(monkeypatch):
     (warning,) = [w for w in bare.warnings if "onnxruntime runs" in w]
     assert warning.startswith("onnxruntime runs 1 layer(s) in integer kernels that this summary lists in float")
     assert "0 in float: 1 fewer than listed above (see the warning)" in bare.format_text()
+
+
+def test_its_own_output_with_a_layer_kept_float_rewrites_to_the_same_bytes(tmp_path):
+    """The per-channel DequantizeLinear of a float layer's input is qtool's own (``codec.QTOOL_QUANTIZER_MARKS``):
+    a second rewrite-eval takes the model as already quantized by qtool, not as another tool's, and writes the
+    same bytes."""
+    first, second = tmp_path / "once.onnx", tmp_path / "twice.onnx"
+    qtool.rewrite_eval(str(SAMPLES / "digits_cnn.onnx"), str(first), calibration_data=str(SAMPLES / "calib.npz"),
+                       quant=QuantConfig(exclude=frozenset({"Conv_1"})))
+    again = qtool.rewrite_eval(str(first), str(second), quant=QuantConfig(exclude=frozenset({"Conv_1"})))
+    assert again.counts()["float_layers_kept_float"] == 0  # already read through its own DequantizeLinear
+    assert first.read_bytes() == second.read_bytes()
