@@ -480,14 +480,8 @@ def _check_lines(check: dict | None) -> list[str]:
 
 
 def _affine_counts(folds) -> dict:
-    affine = folds.affine if folds is not None else None
-    return {"affine_folded": len(affine.folded) if affine else 0,
-            "affine_not_folded": len(affine.skipped) if affine else 0,
-            "weight_expressions_folded": len(folds.weight_expressions) if folds is not None else 0,
-            "convtransposes_as_convs": len(folds.transposed_convs) if folds is not None else 0,
-            "means_as_global_pools": len(folds.global_pools) if folds is not None else 0,
-            "neutral_ops_removed": len(folds.neutral_ops) if folds is not None else 0,
-            "depthwise_multipliers": len(folds.multipliers) if folds is not None else 0,
+    """The length of each of :func:`_affine_lists`, and the float16 values made float32."""
+    return {**{key: len(items) for key, items in _affine_lists(folds).items()},
             "float16_as_float32": folds.float16 if folds is not None else 0}
 
 

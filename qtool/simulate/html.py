@@ -219,12 +219,12 @@ def _summary(report: dict) -> list[str]:
 
 def _runtime(report: dict) -> list[str]:
     """Each model's layers in onnxruntime's optimized graph by kernel kind (``in_onnxruntime``)."""
+    if not any(m.get("in_onnxruntime") for m in report["models"]):
+        return []
     rows = [[name, str(r["integer_layers"]), str(len(r["float_layers"])),
              ", ".join(x["node"] for x in r["float_layers"]) if name != "float" else ""]
             for name, r in [("float", report["float"].get("in_onnxruntime"))]
             + [(m["name"], m.get("in_onnxruntime")) for m in report["models"]] if r is not None]
-    if not any(m.get("in_onnxruntime") for m in report["models"]):
-        return []
     return ["<p>Layers in onnxruntime's optimized graph: a quantized model's layer in a float kernel runs on "
             "dequantized values, slower than in the float model.</p>",
             _table(["model", "integer kernels", "float kernels", "in float"], rows, [False, True, True, False])]
