@@ -327,6 +327,9 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
     folded = {f.layer.name: f for f in folds}
     eval_only = {r.layer for r in prepared.eval_folds.folded} - set(folded)
     axes = {layer.name: point.axis for point in prepared.plan.new_weights() for layer in point.layers}
+    # a weight read by several layers is not widened for a bias: a later layer's input scale may depend on the
+    # weight (a cycle), and the other layers' biases would take the widened scale
+    shared = {layer.name for point in prepared.plan.new_weights() if len(point.layers) > 1 for layer in point.layers}
     # QuantizeBias saturates to int32 where onnxruntime may fuse 8-bit integer kernels
     saturate = config.activation_bits <= 8 and config.weight_bits <= 8 and config.weight_bits != 4
     for match in prepared.plan.layers:
@@ -356,7 +359,7 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
             uses = [(layer, 2)]  # Conv, ConvTranspose and Gemm read their bias as input 2
         channels = int(np.size(constant_array(slot[0].inputs[slot[1]])))
         groups = group_of(layer) if layer.op_type == "ConvTranspose" else 1
-        widen = saturate and groups == 1 and _bias_may_overflow(planned, slot, axes[planned.name],
+        widen = saturate and groups == 1 and planned.name not in shared and _bias_may_overflow(planned, slot, axes[planned.name],
                                                                  _input_range(encoder, x_fq), config)
         point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
                                   channels, axes[planned.name] is not None, groups, saturate, widen)

@@ -231,3 +231,37 @@ def test_bias_fit_range_is_the_graphs_arithmetic():
     assert new_hi[1] == half and new_lo[1] == -half
     scale = (new_hi[1] - new_lo[1]) / np.float32(254)
     assert INT32_MAX / (1 + 2.0**-15) < 0.26 / (float(s_in) * float(scale)) < INT32_MAX
+
+
+def _shared_weight_model():
+    """x -> Conv(w, a) -> Relu -> Conv(w, b) -> y: one weight read by two layers (PyTorch's reuse of a module), whose
+    channel 1 is dead, with a bias of 0.26 there in both."""
+    from model_builders import Builder
+
+    rng = np.random.default_rng(4)
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 3, 6, 6])
+    w = (rng.standard_normal((3, 3, 3, 3)) * 0.3).astype(np.float32)
+    w[1] *= 1e-8
+    w_name = b.const(w, "w")
+    h = b.node("Relu", [b.node("Conv", [x, w_name, b.const(np.array([0.1, DEAD_BIAS, -0.1], np.float32), "a")],
+                               name="first", kernel_shape=[3, 3], pads=[1, 1, 1, 1])], name="act", outputs=["h"])
+    b.node("Conv", [h, w_name, b.const(np.array([0.05, DEAD_BIAS, 0.02], np.float32), "b")], name="second",
+           kernel_shape=[3, 3], pads=[1, 1, 1, 1], outputs=["y"])
+    return b.proto(["h", "y"]), {"x": rng.standard_normal((8, 3, 6, 6)).astype(np.float32)}
+
+
+def test_a_weight_shared_by_two_layers_is_not_widened():
+    """The second layer's input scale depends on the shared weight (through the first layer): widening that weight
+    for the second bias would be a cycle (the graph could not be sorted). Such a weight is not widened, its biases
+    saturate, and the eval graph does the same: train == eval."""
+    proto, feeds = _shared_weight_model()
+    train = _proto(rewrite_train(proto, calibration_data=feeds, quant=QuantConfig(round_mode="half_to_even"),
+                                 schedule=TrainSchedule(freeze_bn_delay=0)).model)
+    assert [q.get("widen_weight", False) for q in _contract(train)["bias_quantizers"]] == [False, False]
+    result = rewrite_eval(train)
+    assert [b.get("saturated") for b in result.summary["biases"]] == [1, 1]
+    trained = _session(train).run(["h", "y"], {**feeds, "qtool_step": np.array(10, np.int64),
+                                               "qtool_range_update": np.array(0, np.float32)})
+    for t, d in zip(trained, _session(result.model).run(["h", "y"], feeds)):
+        assert np.array_equal(t.view(np.uint32), d.view(np.uint32))
