@@ -166,12 +166,15 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
     codes shifted into the signed container (4 bits in int8; packed int4 with ``int4``).
     """
-    if axis is None:
-        lo, hi = minmax(w)
-    else:
-        lo, hi = minmax(w, axis=axis)
-    lo, hi = widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
+    lo, hi = weight_range(w, bits=bits, symmetric=symmetric, axis=axis)
     return weight_params_in_range(w, lo, hi, bits=bits, axis=axis, int4=int4, round_mode=round_mode)
+
+
+def weight_range(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None):
+    """A weight's last-value range (per channel of ``axis``, or of the tensor), widened to contain 0 or symmetric
+    on the narrow grid: what :func:`weight_params` quantizes on."""
+    lo, hi = minmax(w) if axis is None else minmax(w, axis=axis)
+    return widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
 
 
 # TFLite's AdjustWeightsForBiasScale as a training graph computes it: the weight's half range is at least

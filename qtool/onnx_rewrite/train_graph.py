@@ -100,7 +100,7 @@ class TrainBiasPoint:
     per_channel: bool = True  # one weight scale per output-channel-axis entry (else one per tensor)
     groups: int = 1  # a grouped ConvTranspose repeats its weight scales per group
     saturate: bool = True  # int32 saturation (the eval graph's rule when 8-bit kernels may run the layer)
-    widen_weight: bool = False  # the weight range widened so that the bias fits int32 (:func:`bias_fit_margin`)
+    widen_weight: bool = False  # the weight range widened so that the bias fits int32 (``_widen_for_bias``)
 
 
 @dataclass
@@ -267,13 +267,13 @@ class TrainEncoder:
         bits = w_fq.attributes["num_bits"].as_int() if "num_bits" in w_fq.attributes else 8
         k = bias_fit_factor(bits)
         lo, hi = w_fq.inputs[1], w_fq.inputs[2]
-        code = ops.op("Div", [ops.op("Abs", [point.bias], f"{base}/weight_widening/abs_bias"), s_in],
-                      f"{base}/weight_widening/bias_code")
-        half = ops.op("Mul", [code, ops.const(f"{base}/weight_widening/factor", k)], f"{base}/weight_widening/half_range")
-        shape = ops.op("Shape", [lo], f"{base}/weight_widening/range_shape", dtype=ir.DataType.INT64)
-        half = ops.op("Reshape", [half, shape], f"{base}/weight_widening/per_channel")
-        new_lo = ops.op("Min", [lo, ops.op("Neg", [half], f"{base}/weight_widening/neg")], f"{base}/weight_widening/min")
-        new_hi = ops.op("Max", [hi, half], f"{base}/weight_widening/max")
+        at = f"{base}/weight_widening"
+        code = ops.op("Div", [ops.op("Abs", [point.bias], f"{at}/abs_bias"), s_in], f"{at}/bias_code")
+        half = ops.op("Mul", [code, ops.const(f"{at}/factor", k)], f"{at}/half_range")
+        shape = ops.op("Shape", [lo], f"{at}/range_shape", dtype=ir.DataType.INT64)
+        half = ops.op("Reshape", [half, shape], f"{at}/per_channel")
+        new_lo = ops.op("Min", [lo, ops.op("Neg", [half], f"{at}/neg")], f"{at}/min")
+        new_hi = ops.op("Max", [hi, half], f"{at}/max")
         w_fq.replace_input_with(1, new_lo)
         w_fq.replace_input_with(2, new_hi)
 

@@ -25,7 +25,7 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig, TrainSchedule
 from qtool.errors import QtoolError
-from qtool.model.codec import activation_params, weight_params
+from qtool.model.codec import activation_params, qparams, weight_range
 from qtool.model.constants import constant_array, constant_source, contiguous, root_array
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
@@ -307,9 +307,8 @@ def _bias_may_overflow(planned: ir.Node, slot, axis: int | None, x_range, config
     w = constant_array(layer_weight(planned))
     if x_range is None:
         return True
-    _, w_params = weight_params(w, bits=config.weight_bits, symmetric=config.weights_symmetric, axis=axis,
-                                round_mode=config.round_mode)
-    s_w = per_output_channel(planned, w_params.scale, b.size)
+    lo, hi = weight_range(w, bits=config.weight_bits, symmetric=config.weights_symmetric, axis=axis)
+    s_w = per_output_channel(planned, qparams(lo, hi, bits=config.weight_bits, narrow=True, signed=True).scale, b.size)
     s_in = activation_params(x_range[0], x_range[1], bits=config.activation_bits, symmetric=config.symmetric).scale
     if s_w is None or s_w.size != b.size:
         return False
@@ -359,8 +358,8 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
             uses = [(layer, 2)]  # Conv, ConvTranspose and Gemm read their bias as input 2
         channels = int(np.size(constant_array(slot[0].inputs[slot[1]])))
         groups = group_of(layer) if layer.op_type == "ConvTranspose" else 1
-        widen = saturate and groups == 1 and planned.name not in shared and _bias_may_overflow(planned, slot, axes[planned.name],
-                                                                 _input_range(encoder, x_fq), config)
+        widen = saturate and groups == 1 and planned.name not in shared \
+            and _bias_may_overflow(planned, slot, axes[planned.name], _input_range(encoder, x_fq), config)
         point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
                                   channels, axes[planned.name] is not None, groups, saturate, widen)
         encoder.encode_bias(point, x_fq, w_fq)
