@@ -66,8 +66,12 @@ def dead():
 
 
 def test_only_the_layer_whose_bias_overflows_gets_the_widening(dead):
-    _, feeds = dead
-    train = _train(feeds)
+    proto, feeds = dead
+    result = rewrite_train(proto, calibration_data=feeds, schedule=TrainSchedule(freeze_bn_delay=0))
+    assert [n for n in result.summary["notes"] if n.startswith("weight range widened every step")] == [
+        "weight range widened every step so that the bias fits int32 (a channel of tiny weights beside a large "
+        "bias, as rewrite-eval widens it): c1"]
+    train = _proto(result.model)
     entries = {q["layer"]: q for q in _contract(train)["bias_quantizers"]}
     assert set(entries) == {"c1", "c2"}
     assert entries["c1"].get("widen_weight") is True
