@@ -269,3 +269,19 @@ def test_a_weight_shared_by_two_layers_is_not_widened():
                                                "qtool_range_update": np.array(0, np.float32)})
     for t, d in zip(trained, _session(result.model).run(["h", "y"], feeds)):
         assert np.array_equal(t.view(np.uint32), d.view(np.uint32))
+
+
+@pytest.mark.parametrize("quant", [dict(symmetric_weights=False), dict(weight_bits=6, activation_bits=8)],
+                         ids=["asymmetric_weights", "w6a8"])
+def test_train_equals_eval_with_a_widened_weight_on_other_grids(dead, quant):
+    """Asymmetric weights (zero points) and a 6-bit weight grid widen the same way in both graphs."""
+    _, feeds = dead
+    train = _train(feeds, round_mode="half_to_even", **quant)
+    assert [q["layer"] for q in _contract(train)["bias_quantizers"] if q.get("widen_weight")] == ["c1"]
+    result = rewrite_eval(train)
+    assert not any(b.get("saturated") for b in result.summary["biases"])
+    trained = _held(train, feeds)
+    for t, d in zip(trained, _session(result.model).run(["h", "y"], feeds)):
+        assert np.array_equal(t.view(np.uint32), d.view(np.uint32))
+    (step,) = [a["scale"] for a in result.summary["activations"] if a["tensor"] == "h"]
+    np.testing.assert_allclose(trained[0][:, DEAD_CHANNEL], DEAD_BIAS, atol=0.5 * step + 1e-6)
