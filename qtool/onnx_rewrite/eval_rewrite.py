@@ -160,7 +160,10 @@ def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, l
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:
     """Write the plan into the model as Q/DQ with ``ranges`` (None: TF's default ranges)."""
     model = prepared.model
+    trained = prepared.trained
+    widen = frozenset(q["layer"] for q in (trained.contract.get("bias_quantizers", []) if trained else [])
+                      if q.get("widen_weight"))
     encoding = encode_eval_graph(model.graph, prepared.plan, prepared.names, opset=default_opset(model),
-                                 ranges=ranges, trained=prepared.trained is not None)
+                                 ranges=ranges, trained=trained is not None, widen_for_bias=widen)
     clamp_ir_version(model)
     return encoding

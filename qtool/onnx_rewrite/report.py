@@ -625,6 +625,10 @@ class TrainResult:
             warnings.append(f"{len(inside)} layer op(s) inside If/Loop/Scan bodies stay float in the training graph"
                             + (f" ({why})" if why else "") + "; rewrite-eval --data quantizes If branches "
                             "post-training")
+        widened = [b["layer"] for b in self.encoded.encoding.biases if b.get("widen_weight")]
+        if widened:
+            notes.append("weight range widened every step so that the bias fits int32 (a channel of tiny weights "
+                         "beside a large bias, as rewrite-eval widens it): " + ", ".join(widened))
         if self.trained_branches:
             notes.append("If branches quantized for training as models of their own (their state in the graph): "
                          + ", ".join(self.trained_branches))
