@@ -63,6 +63,24 @@ def _axes(node: ir.Node) -> list[int] | None:
     return list(axes) if axes is not None else None
 
 
+def _same_shape(node: ir.Node, axis: int, rank: int) -> bool:
+    """``node`` (a Sub, or a Reshape / Transpose of the mean, which has size 1 at ``axis``) gives the mean its own
+    shape and order: a Transpose that moves only ``axis``, a Reshape to ``[-1 or 0, ..., 1 or 0 at axis, ...]``
+    (tf2onnx's ``[-1, 1, 0, 0]``)."""
+    if node.op_type == "Sub":
+        return True
+    if node.op_type == "Transpose":
+        perm = node.attributes.get_ints("perm", None)
+        return perm is not None and len(perm) == rank and [p for p in perm if p != axis] == [
+            p for p in range(rank) if p != axis]
+    target = constant_array(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    if target is None or target.size != rank or node.attributes.get_int("allowzero", 0):
+        return False
+    target = [int(t) for t in target.reshape(-1)]
+    others = [t for i, t in enumerate(target) if i != axis]
+    return target[axis] in (0, 1) and all(t in (0, -1) for t in others) and others.count(-1) <= 1
+
+
 def _match(mean_node: ir.Node, rank: int) -> dict | None:
     """The nodes and constants of a tf2onnx LayerNorm whose first ReduceMean is ``mean_node``."""
     x, mean = mean_node.inputs[0], mean_node.outputs[0]
@@ -75,7 +93,7 @@ def _match(mean_node: ir.Node, rank: int) -> dict | None:
     readers = _readers(mean)
     neg = next((n for n in readers if _onnx(n, "Neg")), None)
     shaped = [n for n in readers if _onnx(n, "Reshape", "Transpose", "Sub")]
-    if neg is None or len(readers) != 2 or len(shaped) != 1:
+    if neg is None or len(readers) != 2 or len(shaped) != 1 or not _same_shape(shaped[0], axis, rank):
         return None
     nodes = [mean_node, neg]
     centered_mean = mean
