@@ -189,7 +189,8 @@ def layer_norms_fused(graph: ir.Graph, opset: int, names: NameScope,
                            name=f"{base}/LayerNormalization"))
         if found["axis"] != rank - 1:
             new[-1].outputs[0].name = f"{base}/normalized"
-            new.append(ir.node("Transpose", [new[-1].outputs[0]], {"perm": [0, 3, 1, 2]}, name=f"{base}/Transpose_back"))
+            new.append(ir.node("Transpose", [new[-1].outputs[0]], {"perm": [0, 3, 1, 2]},
+                               name=f"{base}/Transpose_back"))
         graph.insert_before(last, new)
         take_over(last.outputs[0], new[-1].outputs[0])
         remove_if_unused(graph, found["nodes"])

@@ -26,8 +26,8 @@ def keras_layer_norm(b, x, channels, axis, rank, reshape_mean=True):
     centered = b.node("Reshape", [mean, b.const(np.array([0] * rank, np.int64))]) if reshape_mean else mean
     d = b.node("Sub", [x, centered])
     var = b.node("ReduceMean", [b.node("Mul", [d, d])], axes=[axis])
-    k = b.node("Mul", [b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [var, b.const(np.array(1e-3, np.float32))])])]),
-                       gamma])
+    eps = b.const(np.array(1e-3, np.float32))
+    k = b.node("Mul", [b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [var, eps])])]), gamma])
     shift = b.node("Add", [b.node("Mul", [b.node("Neg", [mean]), k]), beta])
     return b.node("Add", [b.node("Mul", [x, k]), shift])
 
