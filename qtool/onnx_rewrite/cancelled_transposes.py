@@ -17,6 +17,8 @@ elementwise op with a scalar operand commutes with any permutation of the axes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx_ir as ir
 
 from qtool.model.constants import constant_array
@@ -53,8 +55,10 @@ def _sole_reader(value: ir.Value) -> ir.Node | None:
     return uses[0][0] if len(uses) == 1 and not value.is_graph_output() else None
 
 
-def transposes_cancelled(graph: ir.Graph) -> list[str]:
-    """The pairs of the module docstring removed from ``graph`` (in place); returns the first Transposes' names."""
+def transposes_cancelled(graph: ir.Graph, out_of_scope: Callable[[ir.Node], str | None] = lambda _: None
+                         ) -> list[str]:
+    """The pairs of the module docstring whose nodes are all in scope removed from ``graph`` (in place); returns the
+    first Transposes' names."""
     done = []
     for first in list(graph):
         perm = _perm(first)
@@ -67,7 +71,8 @@ def transposes_cancelled(graph: ir.Graph) -> list[str]:
             value = reader.outputs[0]
             reader = _sole_reader(value)
         last = _perm(reader) if reader is not None and chain else None
-        if last is None or len(last) != len(perm) or [perm[i] for i in last] != list(range(len(perm))):
+        if last is None or len(last) != len(perm) or [perm[i] for i in last] != list(range(len(perm))) \
+                or any(out_of_scope(n) is not None for n in (first, *chain, reader)):
             continue
         source = first.inputs[0]
         for node in chain[:-1]:  # their shapes were the transposed ones

@@ -97,7 +97,7 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     pools = means_as_global_pools(graph, default_opset(model), names, config.out_of_scope)  # dynamo's pools
     neutral = neutral_ops_removed(graph, config.out_of_scope)  # what onnxruntime's NoopElimination does
-    transposes = transposes_cancelled(graph)  # what onnxruntime's transpose optimizer does
+    transposes = transposes_cancelled(graph, config.out_of_scope)  # what onnxruntime's transpose optimizer does
     layer_norms = layer_norms_fused(graph, default_opset(model), names, config.out_of_scope)  # tf2onnx's Keras norms
     multipliers = multipliers_as_depthwise(graph, names, config.out_of_scope)  # onnxruntime's depthwise kernel
     affine = fold_affine(graph, names, exclude=config.exclude)

@@ -44,3 +44,12 @@ def test_pairs_that_do_not_cancel_or_are_read_between_stay(back, operand, extra_
     model = ir.serde.deserialize_model(chain(back, operand, extra_reader))
     assert transposes_cancelled(model.graph) == []
     assert sum(n.op_type == "Transpose" for n in model.graph) == 2
+
+
+def test_a_pair_with_a_node_out_of_scope_stays():
+    """``--exclude`` / ``--scope``: a pair whose Transposes or chain hold a node out of scope is left as it is."""
+    model = ir.serde.deserialize_model(chain([0, 3, 1, 2]))
+    tanh = next(n.name for n in model.graph if n.op_type == "Tanh")
+    assert transposes_cancelled(model.graph, lambda node: "excluded" if node.name == tanh else None) == []
+    assert sum(n.op_type == "Transpose" for n in model.graph) == 2
+    assert len(transposes_cancelled(model.graph)) == 1
