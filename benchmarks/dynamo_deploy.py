@@ -161,11 +161,13 @@ def table_notes(rows: list[dict]) -> list[str]:
         v = row["variants"]
         if "baseline" in v and "error" not in v["baseline"]:
             get = functools.partial(cell, v)
-            notes.append(f"- {row['model']} baseline ({v['baseline']['note']}): {get('baseline', 'ratio', '{:.2f}x')} "
-                         f"float (qtool now {get('qtool', 'ratio', '{:.2f}x')}), SQNR "
-                         f"{get('baseline', 'sqnr_db', '{:.1f}')} dB (now {get('qtool', 'sqnr_db', '{:.1f}')}), top-1 "
-                         f"agreement {get('baseline', 'agree_top1', '{:.0f}')} % (now {get('qtool', 'agree_top1', '{:.0f}')}),"
-                         f" float layers {get('baseline', 'float_layers', '{}')} (now {get('qtool', 'float_layers', '{}')})")
+
+            def both(key, fmt):
+                return f"{get('baseline', key, fmt)} (now {get('qtool', key, fmt)})"
+
+            notes.append(f"- {row['model']} baseline ({v['baseline']['note']}): {both('ratio', '{:.2f}x')} float, "
+                         f"SQNR {both('sqnr_db', '{:.1f}')} dB, top-1 agreement {both('agree_top1', '{:.0f}')} %, "
+                         f"float layers {both('float_layers', '{}')}")
     return notes
 
 

@@ -169,7 +169,7 @@ class LayerInputs(PlacementRule):
     def check(self, ctx, node):
         reason = ctx.config.out_of_scope(node)
         if reason is not None and node.op_type == "MatMul" and _two_activations(ctx, node):
-            ctx.forget_left(node)  # TF's rule said "not a constant": this rule runs such MatMuls, the scope is why not
+            ctx.forget_left(node)  # TF's rule said "not a constant"; this rule runs such MatMuls: the scope is why not
         return reason and f"input not quantized: {reason}"
 
     def apply(self, ctx, node):
