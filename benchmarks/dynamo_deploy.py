@@ -9,7 +9,9 @@
 variants interleaved round-robin (median ``time.thread_time``); the float Conv/MatMul/Gemm layers left in
 onnxruntime's optimized graph; and the SQNR of each int8 model's output against the float model's
 (dB, over 8 held-out inputs drawn as the calibration ones were: random-normal images / features, uniform
-token ids), since the weights are random and there is no task metric.
+token ids), since the weights are random and there is no task metric. ``--baseline REV`` also quantizes each
+model with the qtool of git revision ``REV`` (``git archive``, run in a subprocess) as a fourth variant,
+``baseline``, measured in the same run (before/after figures of a change).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import functools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,10 +53,32 @@ def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(ref ** 2) / noise)) if noise > 0 else float("inf")
 
 
+def baseline_tree(rev: str, work: str) -> str:
+    """A folder holding the ``qtool`` package of git revision ``rev`` (``benchmarks/calibration.py``'s way)."""
+    repo = os.path.dirname(HERE)
+    folder = os.path.join(work, "baseline_qtool")
+    os.makedirs(folder, exist_ok=True)
+    archive = subprocess.run(["git", "-C", repo, "archive", rev, "qtool"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    return folder
+
+
+def quantize_baseline(tree: str, model: str, out: str, calib_path: str) -> str:
+    """``qtool rewrite-eval`` of the qtool in ``tree`` (another revision), in a subprocess run there (``-m`` puts
+    the working directory first on the path)."""
+    paths = [os.path.abspath(p) for p in (model, out, calib_path)]
+    done = subprocess.run([sys.executable, "-m", "qtool", "rewrite-eval", paths[0], "-o", paths[1], "--data", paths[2]],
+                          capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
+    if done.returncode != 0:
+        raise RuntimeError((done.stderr.strip().splitlines() or ["qtool failed"])[-1])
+    return f"qtool of {os.path.basename(os.path.dirname(tree)) or tree}"
+
+
 def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_samples: int | None = None,
-          evals: dict[str, np.ndarray] | None = None) -> dict:
+          evals: dict[str, np.ndarray] | None = None, baseline: str | None = None) -> dict:
     """One model's row; ``evals``: the held-out inputs (default: ``eval_inputs`` of the calibration ones).
-    A 2-D output (logits) also gets each int8 model's top-1 agreement with float (%), ``agree_top1``."""
+    A 2-D output (logits) also gets each int8 model's top-1 agreement with float (%), ``agree_top1``.
+    ``baseline``: a folder holding another revision's ``qtool`` (:func:`baseline_tree`), a fourth variant."""
     model = os.path.join(models_dir, name + ".onnx")
     calib_path = os.path.join(models_dir, name + ".calib.npz")
     calib = dict(np.load(calib_path))
@@ -65,9 +90,13 @@ def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_sa
     os.makedirs(tmp, exist_ok=True)
     paths = {"float": model, "qtool": os.path.join(tmp, name + ".qtool.onnx"),
              "ort": os.path.join(tmp, name + ".ort.onnx")}
+    quantizers = [("qtool", lambda: deploy.quantize_qtool(model, paths["qtool"], calib_path)),
+                  ("ort", lambda: deploy.quantize_ort(model, paths["ort"], ort_calib, tmp))]
+    if baseline:
+        paths["baseline"] = os.path.join(tmp, name + ".baseline.onnx")
+        quantizers.append(("baseline", lambda: quantize_baseline(baseline, model, paths["baseline"], calib_path)))
     row = {"model": name, "variants": {"float": {}}}
-    for variant, quantize in (("qtool", lambda: deploy.quantize_qtool(model, paths["qtool"], calib_path)),
-                              ("ort", lambda: deploy.quantize_ort(model, paths["ort"], ort_calib, tmp))):
+    for variant, quantize in quantizers:
         t = time.perf_counter()
         try:
             note = quantize()
@@ -91,7 +120,7 @@ def bench(models_dir: str, name: str, rounds: int, warmup: int, tmp: str, ort_sa
             sessions[variant] = sess
         except Exception as e:
             info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    for variant in ("qtool", "ort"):
+    for variant in ("qtool", "ort", "baseline"):
         if variant in outs and "float" in outs:
             row["variants"][variant]["sqnr_db"] = sqnr_db(outs["float"], outs[variant])
             if outs["float"].ndim == 2:
@@ -123,10 +152,23 @@ def fmt_table(rows: list[dict]) -> str:
 
 
 def table_notes(rows: list[dict]) -> list[str]:
-    """The lines under a table: each variant's error, and how onnxruntime's tool was run where not as usual."""
+    """The lines under a table: each variant's error, how onnxruntime's tool was run where not as usual, and the
+    ``--baseline`` variant's figures (the same columns as qtool's)."""
     notes = [f"- {row['model']} {n}: {x['error']}" for row in rows for n, x in row["variants"].items() if "error" in x]
-    return notes + [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
-                    if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    notes += [f"- {row['model']} ort: {row['variants']['ort']['note']}" for row in rows
+              if row["variants"].get("ort", {}).get("note", "quant_pre_process") != "quant_pre_process"]
+    for row in rows:
+        v = row["variants"]
+        if "baseline" in v and "error" not in v["baseline"]:
+            get = functools.partial(cell, v)
+
+            def both(key, fmt):
+                return f"{get('baseline', key, fmt)} (now {get('qtool', key, fmt)})"
+
+            notes.append(f"- {row['model']} baseline ({v['baseline']['note']}): {both('ratio', '{:.2f}x')} float, "
+                         f"SQNR {both('sqnr_db', '{:.1f}')} dB, top-1 agreement {both('agree_top1', '{:.0f}')} %, "
+                         f"float layers {both('float_layers', '{}')}")
+    return notes
 
 
 def arguments(description: str, models_help: str) -> argparse.ArgumentParser:
@@ -138,6 +180,8 @@ def arguments(description: str, models_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--keep", help="keep the quantized and optimized models in this folder")
     ap.add_argument("--json", help="also write all results to this JSON file")
+    ap.add_argument("--baseline", metavar="REV", help="also quantize with the qtool of this git revision (a fourth "
+                    "variant, 'baseline', measured in the same run: before/after figures)")
     return ap
 
 
@@ -164,10 +208,11 @@ def run_models(args, have: list[str], prefix: str, table, evals_for=None) -> int
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        baseline = baseline_tree(args.baseline, os.path.join(scratch, args.baseline)) if args.baseline else None
         for name in chosen:
             t = time.perf_counter()
             rows.append(bench(args.models_dir, name, args.rounds, args.warmup, os.path.join(args.keep or scratch, name),
-                              getattr(args, "ort_samples", None), evals_for(name) if evals_for else None))
+                              getattr(args, "ort_samples", None), evals_for(name) if evals_for else None, baseline))
             print(f"[{name}] done in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
             if args.json:
                 json.dump(rows, open(args.json, "w"), indent=1)

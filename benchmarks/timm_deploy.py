@@ -1,7 +1,7 @@
 """Float vs qtool int8 vs onnxruntime int8 on timm's image models, as both of torch's exporters write them.
 
     python benchmarks/timm_deploy.py MODELS_DIR [--models fastvit_t8.ts,levit_128s.dy] [--rounds 30]
-        [--keep DIR] [--json FILE]
+        [--keep DIR] [--json FILE] [--baseline REV]
 
 ``MODELS_DIR`` is what ``benchmarks/timm_exports.py`` writes (``<model>.<ts|dy>.onnx`` with its
 ``.calib.npz``, ``.eval.npz`` and ``.json``). Each is measured by ``dynamo_deploy.bench`` (imported): qtool's
@@ -10,6 +10,8 @@ same calibration images; the one-thread batch-1 latency of the three variants in
 ``time.thread_time``); the Conv/MatMul/Gemm left in float in onnxruntime's optimized graph; and, on the 32
 held-out images, each int8 model's top-1 agreement with the float model and the SQNR of its logits (dB).
 The weights are random (batch-norm statistics from procedural images), so there is no task metric.
+``--baseline REV``: the qtool of git revision REV quantizes each model too, measured in the same run (a line
+under the table per model: before/after figures).
 """
 
 from __future__ import annotations

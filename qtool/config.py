@@ -34,6 +34,10 @@ def _delay(value, label: str) -> int | None:
 # why a layer that in-graph peak picking reads stays float (``onnx_rewrite.placement.peaks``)
 PEAK_REASON = ("writes the map that in-graph peak picking compares with its own MaxPool (Equal): on 8-bit codes "
                "a peak's neighbours tie with it and are kept too")
+# why a MatMul whose output holds a quotient's numerators and denominator stays float
+# (``onnx_rewrite.placement.normalisers``)
+NORMALISER_REASON = ("writes both the numerators and the denominator of a Div (linear attention's normaliser in "
+                     "the same tensor: one 8-bit range over both rounds the small denominators away)")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class QuantConfig:
     # layers whose output in-graph peak picking compares (``placement.peaks``): found by the placement,
     # not an option; they stay float as if excluded, with their own reason
     peak_picked: frozenset[str] = frozenset()
+    # MatMuls of two activations whose output holds both a quotient's numerators and its denominator
+    # (``placement.normalisers``): found by the placement, not an option; float, with their own reason
+    shared_normaliser: frozenset[str] = frozenset()
 
     def __post_init__(self):
         for label, bits in (("weight", self.weight_bits), ("activation", self.activation_bits)):
@@ -102,6 +109,8 @@ class QuantConfig:
             return f"'{name}' is excluded (--exclude)"
         if name in self.peak_picked:
             return f"'{name}' {PEAK_REASON}"
+        if name in self.shared_normaliser:
+            return f"'{name}' {NORMALISER_REASON}"
         if self.scope and not name.startswith(self.scope):
             return f"'{name}' is outside --scope '{self.scope}'"
         return None

@@ -272,10 +272,12 @@ class FoldBatchNorm:
 
         bn_out = bn.outputs[0]
         bn_name = bn_out.name
-        if bn_out.is_graph_output():  # keep the model's output name
+        if bn_out.is_graph_output():  # keep the model's output name, type and shape (the training fold does too)
             name = bn_out.name
             bn_out.name = None
             end.name = name
+            end.dtype = end.dtype or bn_out.dtype
+            end.shape = end.shape or bn_out.shape
         bn_out.replace_all_uses_with(end, replace_graph_outputs=True)
         # the batch norm (and for Conv/Gemm the bias Add, now inside the layer's bias)
         # are no longer read; nor are the old constants unless something else reads them

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from qtool.config import QuantConfig
 from qtool.errors import QtoolError
 from qtool.onnx_rewrite.placement.integer import INTEGER_RULES
+from qtool.onnx_rewrite.placement.normalisers import shared_normaliser_layers
 from qtool.onnx_rewrite.placement.peaks import peak_picked_layers
 from qtool.onnx_rewrite.placement.plan import (
     ActivationPoint,
@@ -58,10 +59,14 @@ def check_exclude(graph: ir.Graph, exclude, scope: str | None = None) -> None:
 
 def plan_quantization(graph: ir.Graph, config: QuantConfig, rules: tuple[PlacementRule, ...] = RULES) -> QuantPlan:
     """The placement rules on ``graph`` (batch norms folded first). Pure: edits nothing. The layers in-graph
-    peak picking reads (:mod:`~qtool.onnx_rewrite.placement.peaks`) are out of scope."""
+    peak picking reads (:mod:`~qtool.onnx_rewrite.placement.peaks`) and the MatMuls that write a quotient's
+    numerators and denominator in one tensor (:mod:`~qtool.onnx_rewrite.placement.normalisers`) are out of scope."""
     picked = frozenset(n.name for n in peak_picked_layers(graph) if n.name) - config.exclude
     if picked:
         config = dataclasses.replace(config, peak_picked=picked)
+    shared = frozenset(n.name for n in shared_normaliser_layers(graph) if n.name) - config.exclude
+    if shared:
+        config = dataclasses.replace(config, shared_normaliser=shared)
     ctx = PlanContext(graph, config)
     for rule in rules:
         rule.run(ctx)

@@ -167,7 +167,10 @@ class LayerInputs(PlacementRule):
         return [n for n in ctx.graph if is_layer(n)]
 
     def check(self, ctx, node):
-        return ctx.config.out_of_scope(node) and f"input not quantized: {ctx.config.out_of_scope(node)}"
+        reason = ctx.config.out_of_scope(node)
+        if reason is not None and node.op_type == "MatMul" and _two_activations(ctx, node):
+            ctx.forget_left(node)  # TF's rule said "not a constant"; this rule runs such MatMuls: the scope is why not
+        return reason and f"input not quantized: {reason}"
 
     def apply(self, ctx, node):
         indices = (0,) if not (node.op_type == "MatMul" and _two_activations(ctx, node)) else (0, 1)

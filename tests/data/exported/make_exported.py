@@ -289,7 +289,41 @@ def torch_models():
             x = self.pw(nn.functional.gelu(self.bn1(self.dw(x))))
             return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
+    class LinearAttention(nn.Module):
+        """EfficientViT's ReLU linear attention (timm's ``LiteMLA._attn``), small: a Conv-BN-ReLU stem, one 1x1
+        ``qkv`` conv split per head into q, k, v; ``v`` padded with a column of ones so that ``kv = k^T [v, 1]``
+        holds the numerators and, in its last column, the denominators ``sum(k)``; ``out = q kv``, then
+        ``out[..., :-1] / (out[..., -1:] + eps)``; a 1x1 projection and BN (a dense map out, as a segmenter's).
+        As in EfficientViT-B0, whose heads' ``kv`` differ 10-30x in size, head 0's q, k, v are 10x head 1's
+        (the projection scaled back, so both heads reach the output alike): head 1's denominators are a step or two
+        of ``kv``'s one range."""
+
+        def __init__(self, c=16, heads=2, dim=8):
+            super().__init__()
+            self.dim = dim
+            self.stem, self.bn0 = nn.Conv2d(3, c, 3, padding=1, bias=False), bn(c)
+            self.qkv = nn.Conv2d(c, 3 * heads * dim, 1, bias=False)
+            self.proj, self.bn1 = nn.Conv2d(heads * dim, c, 1, bias=False), bn(c)
+            with torch.no_grad():
+                w = self.qkv.weight.view(heads, 3, dim, c)
+                w[0] *= 2.0
+                w[1] *= 0.2
+                self.proj.weight[:, :dim] /= 2.0
+                self.proj.weight[:, dim:] /= 0.2
+
+        def forward(self, x):
+            x = torch.relu(self.bn0(self.stem(x)))
+            b, _, h, w = x.shape
+            qkv = self.qkv(x).reshape(b, -1, 3 * self.dim, h * w).transpose(-1, -2)
+            q, k, v = qkv.chunk(3, dim=-1)
+            q, k = torch.relu(q), torch.relu(k)
+            v = nn.functional.pad(v, (0, 1), mode="constant", value=1.0)
+            out = q @ (k.transpose(-1, -2) @ v)
+            out = out[..., :-1] / (out[..., -1:] + 1e-5)
+            return self.bn1(self.proj(out.transpose(-1, -2).reshape(b, -1, h, w)))
+
     return {
+        "LinearAttention": (LinearAttention, (2, 3, 16, 16)),
         "MultiplierBlock": (MultiplierBlock, (2, 3, 32, 32)),
         "AffineBlock": (AffineBlock, (2, 3, 16, 16)),
         "PostNormBlock": (PostNormBlock, (2, 16, 32)),
@@ -399,6 +433,10 @@ def make_torch():
     m, shape = build("MultiplierBlock")
     save("dynamo_MultiplierBlock", export_dynamo(m, shape, opset=None), data(shape))
     save("legacy17_MultiplierBlock", export_legacy(m, shape, 17), data(shape))
+    # EfficientViT's ReLU linear attention (numerators and denominator in one tensor): both exporters
+    m, shape = build("LinearAttention")
+    save("dynamo_LinearAttention", export_dynamo(m, shape, opset=None), data(shape))
+    save("legacy17_LinearAttention", export_legacy(m, shape, 17), data(shape))
 
 
 # ------------------------------------------------------------------------------------- keras
