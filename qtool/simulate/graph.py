@@ -81,6 +81,18 @@ class ActivationQuantizer:
     how: str = ""  # how the counterpart was found, or why not
     clamps: bool = False  # it also does the work of an activation (Relu, Clip) the quantized model dropped
     bound: tuple[float, float] | None = None  # where every reader of the float tensor saturates (a HardSwish input)
+    # the QuantizeLinear's own scale and zero point where they differ from the DequantizeLinear's: the pair then
+    # computes a clipped affine map of its input, not its input rounded (rewrite-eval's integer HardSigmoid gate:
+    # Q(x + 3) on 6/255, read back on 1/255 as clip(x + 3, 0, 6) / 6)
+    q_params: tuple[float, int] | None = None
+
+    @property
+    def rescaled_range(self) -> tuple[float, float] | None:
+        """Where the QuantizeLinear of a rescaling pair saturates (its input's range), or None."""
+        if self.q_params is None or self.grid is None:
+            return None
+        s, z = np.float32(self.q_params[0]), self.q_params[1]
+        return float(np.float32(self.grid[0] - z) * s), float(np.float32(self.grid[1] - z) * s)
 
     @property
     def output(self) -> ir.Value:
@@ -277,10 +289,16 @@ def _activation(dq: ir.Node, q: ir.Node, chain: list[ir.Node], grid) -> Activati
         dtype = zp_value.const_value.dtype
     if grid is None and dtype in _CODE_DTYPES:
         grid = _CODE_DTYPES[dtype]
+    q_scale = _scalar_param(q.inputs[1] if len(q.inputs) > 1 else None)
+    q_zp_value = q.inputs[2] if len(q.inputs) > 2 else None
+    q_zp = _scalar_param(q_zp_value, np.int64) if q_zp_value is not None else np.int64(0)
+    rescales = (scale is not None and zp is not None and q_scale is not None and q_zp is not None
+                and (float(q_scale) != float(scale) or int(q_zp) != int(zp)))
     return ActivationQuantizer(
         name=quantizer_name(dq), q=q, dq=dq, nodes=[q, *chain, dq], float_value=q.inputs[0], codes=x,
         codes_dtype=dtype, scale=None if scale is None or zp is None else float(scale),
         zero_point=0 if zp is None else int(zp), grid=grid,
+        q_params=(float(q_scale), int(q_zp)) if rescales else None,
     )
 
 
@@ -547,11 +565,39 @@ def _clamp(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
     return clip.outputs[0]
 
 
+def _rescaled(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
+    """The float map a rescaling pair computes, unrounded: ``Clip`` to where its QuantizeLinear saturates, then
+    ``x * (dq_scale / q_scale) + (q_zero_point - dq_zero_point) * dq_scale`` (rewrite-eval's integer HardSigmoid
+    gate: ``clip(x + 3, 0, 6) / 6``)."""
+    lo, hi = act.rescaled_range
+    q_scale, q_zero = act.q_params
+    ratio = np.float32(act.scale) / np.float32(q_scale)
+    shift = np.float32((q_zero - act.zero_point) * np.float32(act.scale))
+    constants = {}
+    for which, v in (("min", lo), ("max", hi), ("ratio", ratio), ("shift", shift)):
+        name = f"{act.name}/bypass_{which}"
+        value = ir.Value(name=name, const_value=ir.Tensor(np.array(v, np.float32), name=name))
+        graph.register_initializer(value)
+        constants[which] = value
+    clip = ir.node("Clip", [act.float_value, constants["min"], constants["max"]], name=f"{act.name}/bypass_clip")
+    mul = ir.node("Mul", [clip.outputs[0], constants["ratio"]], name=f"{act.name}/bypass_rescale")
+    add = ir.node("Add", [mul.outputs[0], constants["shift"]], name=f"{act.name}/bypass_shift")
+    for node in (clip, mul, add):
+        node.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        node.outputs[0].name = f"{node.name}_output"
+    graph.insert_after(act.dq, [clip, mul, add])
+    return add.outputs[0]
+
+
 def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
     """Remove an activation quantizer: its readers read the float tensor again (clamped to the
-    quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped)."""
+    quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped; through the clipped
+    affine map a rescaling pair computes, ``_rescaled``)."""
     out = act.dq.outputs[0]
-    src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
+    if act.q_params is not None and act.rescaled_range is not None:
+        src = _rescaled(graph, act)
+    else:
+        src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
     for i, o in enumerate(graph.outputs):
         if o is out:
             if src.is_graph_output() or src.is_graph_input():
