@@ -351,7 +351,7 @@ QTOOL_QUANTIZER_MARKS = ("weights_quant/", "act_quant/", "conv_quant/", "add_qua
                          # the DequantizeLinear nodes of the kernel forms (eval_graph, kernel_forms)
                          "/input_channels/DequantizeLinear", "/space_to_depth/DequantizeLinear",
                          "/gate_tile/DequantizeLinear", "/depthwise/DequantizeLinear",
-                         "/float_input/DequantizeLinear", "/gemm_input/DequantizeLinear")
+                         "/float_input/DequantizeLinear")
 
 
 _NUMBERED_QUANTIZER = re.compile(r"_quant_\d+/")  # a second quantizer of one context: ``carried_quant_1/``

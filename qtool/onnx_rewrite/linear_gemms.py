@@ -126,17 +126,16 @@ class _Inputs:
         self.leading: dict[int, ir.Value] = {}
 
     def flat_input(self, x_dq: ir.Node, k: int, before: ir.Node) -> ir.Value:
+        """``x`` reshaped to ``[-1, K]`` and read through a pair of its own grid (a carried quantizer: onnxruntime drops
+        the pair around the Reshape, which then moves the codes)."""
         if id(x_dq) not in self.flat:
-            codes = x_dq.inputs[0]
-            base = self.names.prefix(f"{codes.name or 'input'}/gemm_input", ["Reshape", DEQUANTIZE],
-                                     ["shape", "flat", "dequantized"])
-            reshape = ir.node("Reshape", [codes, self.initializer(f"{base}/shape", np.array([-1, k], np.int64))],
+            x = x_dq.outputs[0]
+            base = self.names.prefix(f"{x_dq.name or 'input'}/gemm_input", ["Reshape"], ["shape", "flat"])
+            reshape = ir.node("Reshape", [x, self.initializer(f"{base}/shape", np.array([-1, k], np.int64))],
                               name=f"{base}/Reshape")
-            reshape.outputs[0].name, reshape.outputs[0].dtype = f"{base}/flat", value_dtype(codes)
-            dq = dequantize_node(reshape.outputs[0], x_dq.inputs[1], x_dq.inputs[2] if len(x_dq.inputs) > 2
-                                 else None, base, None, None)
-            self.graph.insert_before(before, [reshape, dq])
-            self.flat[id(x_dq)] = dq.outputs[0]
+            reshape.outputs[0].name, reshape.outputs[0].dtype = f"{base}/flat", ir.DataType.FLOAT
+            self.graph.insert_before(before, reshape)
+            self.flat[id(x_dq)] = _same_grid(self.graph, self.names, reshape.outputs[0], x_dq, f"{base}_quant", reshape)
         return self.flat[id(x_dq)]
 
     def target(self, x_dq: ir.Node, shape: tuple, n: int, before: ir.Node) -> ir.Value:
@@ -176,6 +175,20 @@ class _Inputs:
         return value
 
 
+def _same_grid(graph: ir.Graph, names: NameScope, value: ir.Value, like: ir.Node, base: str, after: ir.Node
+               ) -> ir.Value:
+    """``value`` through a QuantizeLinear/DequantizeLinear pair with the scale and zero point of ``like`` (a Q or a
+    DQ), inserted after ``after``; returns the dequantized value."""
+    base = names.prefix(base, [QUANTIZE, DEQUANTIZE], ["quantized", "dequantized"])
+    params = list(like.inputs[1:3])
+    quantize = ir.node(QUANTIZE, [value, *params], name=f"{base}/{QUANTIZE}")
+    codes = like.outputs[0] if is_onnx(like, QUANTIZE) else like.inputs[0]
+    quantize.outputs[0].name, quantize.outputs[0].dtype = f"{base}/quantized", value_dtype(codes)
+    dq = dequantize_node(quantize.outputs[0], params[0], params[1] if len(params) > 1 else None, base, None, None)
+    graph.insert_after(after, [quantize, dq])
+    return dq.outputs[0]
+
+
 def linears_as_gemms(graph: ir.Graph, names: NameScope, initializer: Initializer, opset: int) -> list[dict]:
     """Every quantized ``MatMul + Add(int32 bias)`` on an input with symbolic dims becomes ``Reshape -> Gemm ->
     Reshape`` (module docstring: the same values, one QGemm in onnxruntime); returns what was rewritten."""
@@ -196,23 +209,13 @@ def linears_as_gemms(graph: ir.Graph, names: NameScope, initializer: Initializer
         out = add.outputs[0]
         q = _sole_reader(out)
         quantized = q is not None and is_onnx(q, QUANTIZE) and not q.outputs[0].is_graph_output()
-        if quantized:  # Gemm -> Q -> Reshape of the codes: QGemm writes them
-            q.replace_input_with(0, gemm.outputs[0])
-            codes = q.outputs[0]
-            reshape = ir.node("Reshape", [codes, target], name=f"{base}/Reshape")
-            graph.insert_after(q, reshape)
-            for user, index in list(codes.uses()):
-                if user is not reshape:
-                    user.replace_input_with(index, reshape.outputs[0])
-            name = codes.name
-            codes.name = f"{base}/codes"
-            reshape.outputs[0].name, reshape.outputs[0].dtype = name, value_dtype(codes)
-            reshape.outputs[0].shape = codes.shape
-            codes.shape = None
+        if quantized:  # Gemm -> Q -> DQ -> Reshape -> the output's Q: QGemm writes the codes, the Reshape moves them
+            y = _same_grid(graph, names, gemm.outputs[0], q, f"{base}_quant", gemm)
         else:
-            reshape = ir.node("Reshape", [gemm.outputs[0], target], name=f"{base}/Reshape")
-            graph.insert_after(gemm, reshape)
-            take_over(out, reshape.outputs[0])
+            y = gemm.outputs[0]
+        reshape = ir.node("Reshape", [y, target], name=f"{base}/Reshape")
+        graph.insert_after(y.producer(), reshape)
+        take_over(out, reshape.outputs[0])
         graph.remove([add, matmul], safe=True)
         remove_if_unused(graph, [x_dq])
         done.append({"matmul": matmul.name, "add": add.name, "gemm": gemm.name,

@@ -461,7 +461,8 @@ class UnreadQuantizers(PlacementRule):
         sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
         order = {id(n): i for i, n in enumerate(ctx.graph)}
         points = [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
-                  and (p.is_concat_output or id(p) not in sources and p.group is None and (
+                  and (p.is_concat_output or p.group is None and _reshaped_gemm_end(ctx, p.value)
+                       or id(p) not in sources and p.group is None and (
                       _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
                       or _float_read_computation(ctx, p.value) or p.kind == "pool_quant"))]
         points += [p for p in ctx.plan.activations if _is_softmax_output(p) and p.group is None]
@@ -483,7 +484,7 @@ class UnreadQuantizers(PlacementRule):
         return None
 
     def apply(self, ctx, point):
-        if _is_softmax_output(point) or point.is_concat_output:
+        if _is_softmax_output(point) or point.is_concat_output or _reshaped_gemm_end(ctx, point.value):
             for carried in _carried_from(ctx, point):
                 ctx.drop_activation(carried)
         ctx.drop_activation(point)
@@ -576,6 +577,21 @@ def _matmul_chain_end(ctx: PlanContext, value: ir.Value) -> bool:
                                                                                   if v is not None)
     return (producer.op_type == "MatMul" and len(_variable_inputs(ctx, producer)) == 1
             and not _fused_into_float_gemm(ctx, producer))
+
+
+def _reshaped_gemm_end(ctx: PlanContext, value: ir.Value) -> bool:
+    """``value`` is the output of a Linear on a token tensor written ``Reshape -> Gemm -> Reshape`` (what the eval
+    graph makes of a MatMul + bias Add on an input with symbolic dims: ``linear_gemms``): a Gemm whose input is a
+    Reshape's output and whose only reader is a Reshape. Its pair goes where no integer op reads it, as a MatMul
+    chain's (and the one the Reshape carries with it): rewriting qtool's own output again adds nothing."""
+    producer = value.producer()
+    if producer is None or producer.domain != "" or producer.op_type != "Gemm" or not producer.inputs:
+        return False
+    source = ctx.view.input(producer, 0)
+    reshape = source.producer() if source is not None else None
+    readers = ctx.view.consumers(value)
+    return (reshape is not None and reshape.domain == "" and reshape.op_type == "Reshape" and len(readers) == 1
+            and readers[0].domain == "" and readers[0].op_type == "Reshape")
 
 
 def _fused_into_float_gemm(ctx: PlanContext, matmul: ir.Node) -> bool:
