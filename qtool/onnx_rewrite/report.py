@@ -236,6 +236,7 @@ class RewriteResult:
             "fused_gelus": e.fused_gelus,
             "relus_on_grid": e.relus_on_grid,
             "residual_sums": e.residual_sums,
+            "linear_gemms": e.linear_gemms,
             "left_in_float": self.left_in_float(),
             "other_float_ops": self.other_float_ops(),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
