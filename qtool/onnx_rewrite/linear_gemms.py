@@ -29,6 +29,7 @@ from qtool.model.codec import DEQUANTIZE, QUANTIZE, dequantize_node, is_onnx, va
 from qtool.model.constants import constant_array, remove_if_unused
 from qtool.model.graph import take_over
 from qtool.model.names import NameScope
+from qtool.model.opset import inferred_dims
 from qtool.onnx_rewrite.kernel_forms import static_shape
 from qtool.onnx_rewrite.placement.integer import becomes_gemm
 
@@ -122,8 +123,8 @@ class _Inputs:
     def __init__(self, graph: ir.Graph, names: NameScope, initializer: Initializer, opset: int):
         self.graph, self.names, self.initializer, self.opset = graph, names, initializer, opset
         self.flat: dict[int, ir.Value] = {}
-        self.targets: dict[tuple[int, int], ir.Value] = {}
-        self.leading: dict[int, ir.Value] = {}
+        self.targets: dict[tuple, ir.Value] = {}
+        self.leading: dict[object, ir.Value] = {}
 
     def flat_input(self, x_dq: ir.Node, k: int, before: ir.Node) -> ir.Value:
         """``x`` reshaped to ``[-1, K]`` and read through a pair of its own grid (a carried quantizer: onnxruntime drops
@@ -139,40 +140,62 @@ class _Inputs:
         return self.flat[id(x_dq)]
 
     def target(self, x_dq: ir.Node, shape: tuple, n: int, before: ir.Node) -> ir.Value:
-        """``[..., N]`` with the leading dims of x: a constant where one is symbolic, else from ``Shape``."""
-        key = (id(x_dq), n)
-        if key in self.targets:
-            return self.targets[key]
+        """``[..., N]`` with the leading dims of x: a constant where one is symbolic, else from ``Shape`` (one per
+        set of named leading dims: every Linear of a transformer reads [batch, tokens, ...])."""
         leading = shape[:-1]
         codes = x_dq.inputs[0]
         if sum(d is None for d in leading) == 1:
-            dims = np.array([-1 if d is None else d for d in leading] + [n], np.int64)
-            value = self.initializer(self.names.value(f"{codes.name or 'input'}/gemm_output/shape_{n}"), dims)
-        else:
-            if id(x_dq) not in self.leading:
-                base = self.names.prefix(f"{codes.name or 'input'}/gemm_output", ["Shape", "Slice"],
-                                         ["shape", "leading", "starts", "ends"])
-                if self.opset >= SHAPE_START_END_OPSET:
-                    nodes = [ir.node("Shape", [codes], {"start": 0, "end": -1}, name=f"{base}/Shape")]
-                else:
-                    whole = ir.node("Shape", [codes], name=f"{base}/Shape")
-                    whole.outputs[0].name = f"{base}/shape"
-                    nodes = [whole, ir.node("Slice", [whole.outputs[0],
-                                                      self.initializer(f"{base}/starts", np.array([0], np.int64)),
-                                                      self.initializer(f"{base}/ends", np.array([-1], np.int64))],
-                                            name=f"{base}/Slice")]
-                nodes[-1].outputs[0].name, nodes[-1].outputs[0].dtype = f"{base}/leading", ir.DataType.INT64
-                self.graph.insert_before(before, nodes)
-                self.leading[id(x_dq)] = nodes[-1].outputs[0]
-            base = self.names.prefix(f"{codes.name or 'input'}/gemm_output_{n}", ["Concat"], ["last", "shape"])
-            concat = ir.node("Concat", [self.leading[id(x_dq)],
-                                        self.initializer(f"{base}/last", np.array([n], np.int64))],
+            key = (tuple(leading), n)
+            if key not in self.targets:
+                dims = np.array([-1 if d is None else d for d in leading] + [n], np.int64)
+                self.targets[key] = self.initializer(
+                    self.names.value(f"{codes.name or 'input'}/gemm_output/shape_{n}"), dims)
+            return self.targets[key]
+        named = _named_dims(self.graph, x_dq)
+        lead_key = named[:-1] if named is not None else id(x_dq)
+        if lead_key not in self.leading:
+            base = self.names.prefix(f"{codes.name or 'input'}/gemm_output", ["Shape", "Slice"],
+                                     ["shape", "leading", "starts", "ends"])
+            if self.opset >= SHAPE_START_END_OPSET:
+                nodes = [ir.node("Shape", [codes], {"start": 0, "end": -1}, name=f"{base}/Shape")]
+            else:
+                whole = ir.node("Shape", [codes], name=f"{base}/Shape")
+                whole.outputs[0].name = f"{base}/shape"
+                nodes = [whole, ir.node("Slice", [whole.outputs[0],
+                                                  self.initializer(f"{base}/starts", np.array([0], np.int64)),
+                                                  self.initializer(f"{base}/ends", np.array([-1], np.int64))],
+                                        name=f"{base}/Slice")]
+            nodes[-1].outputs[0].name, nodes[-1].outputs[0].dtype = f"{base}/leading", ir.DataType.INT64
+            self.graph.insert_before(before, nodes)
+            self.leading[lead_key] = nodes[-1].outputs[0]
+        key = (lead_key, n)
+        if key not in self.targets:
+            leading_value = self.leading[lead_key]
+            base = self.names.prefix(f"{leading_value.name}_{n}", ["Concat"], ["last", "shape"])
+            concat = ir.node("Concat", [leading_value, self.initializer(f"{base}/last", np.array([n], np.int64))],
                              {"axis": 0}, name=f"{base}/Concat")
             concat.outputs[0].name, concat.outputs[0].dtype = f"{base}/shape", ir.DataType.INT64
             self.graph.insert_before(before, concat)
-            value = concat.outputs[0]
-        self.targets[key] = value
-        return value
+            self.targets[key] = concat.outputs[0]
+        return self.targets[key]
+
+
+def _named_dims(graph: ir.Graph, x_dq: ir.Node) -> tuple | None:
+    """The dims of the tensor ``x_dq`` dequantizes, symbolic ones by name (one name, one size: ONNX's ``dim_param``),
+    from the model or shape inference; None where a symbolic dim has no name."""
+    value = x_dq.outputs[0]
+    dims = inferred_dims(graph)
+    while value is not None:
+        if value.shape is not None and all(isinstance(d, int) or d.value for d in value.shape):
+            return tuple(d if isinstance(d, int) else str(d.value) for d in value.shape)
+        if value.name in dims:
+            found = dims[value.name]
+            return found if None not in found else None
+        producer = value.producer()
+        if producer is None or not is_onnx(producer, QUANTIZE, DEQUANTIZE):
+            return None
+        value = producer.inputs[0]
+    return None
 
 
 def _same_grid(graph: ir.Graph, names: NameScope, value: ir.Value, like: ir.Node, base: str, after: ir.Node
