@@ -32,7 +32,9 @@ beyond the rounding of an int32 bias:
   kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
   optimizations fuse MatMul + Add into a Gemm and quantize its float bias
   that way themselves, so leaving it float made the results depend on the
-  optimization level (only where it makes that Gemm: ``becomes_gemm``). A
+  optimization level (where it makes that Gemm: ``becomes_gemm``; where it does
+  not, an input with symbolic dims, the eval graph writes the Gemm itself:
+  ``linear_gemms``). A
   qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 

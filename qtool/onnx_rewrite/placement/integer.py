@@ -798,9 +798,10 @@ def becomes_gemm(matmul: ir.Node) -> bool:
     """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
     MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
     a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
-    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
-    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
-    int32 bias is then what the optimized session computes, optimizations on or off)."""
+    MatMulIntegerToFloat followed by the float bias Add (an int32 bias there alone added a DequantizeLinear
+    per layer: the zoo's BERT went from 0.91x to 1.06x float); the eval graph writes it as a Gemm itself
+    (``linear_gemms.reshapes_to_gemm``). Unknown shapes: assume a Gemm (the int32 bias is then what the
+    optimized session computes, optimizations on or off)."""
     x = matmul.inputs[0] if matmul.inputs else None
     if x is None:
         return True
