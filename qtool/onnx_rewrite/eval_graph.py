@@ -66,6 +66,7 @@ from qtool.model.codec import (
     QUANTIZE,
     Storage,
     activation_params,
+    bias_fit_range,
     dequantize_node,
     dynamic_lstm_weight,
     eight_bit_kernel_types,
@@ -73,6 +74,7 @@ from qtool.model.codec import (
     qdq_nodes,
     storage,
     weight_params,
+    weight_params_in_range,
 )
 from qtool.model.constants import constant_array, constant_source, contiguous, remove_if_unused
 from qtool.model.graph import GraphView, take_over
@@ -148,10 +150,26 @@ def _tensor(array: np.ndarray, name: str, dtype: ir.DataType | None = None) -> i
     return ir.Tensor(contiguous(array), dtype=dtype, name=name)
 
 
+@dataclass
+class TrainedWeight:
+    """A training graph's weight as ``encode_weight`` quantized it, for the widening its biases may ask."""
+
+    weight: np.ndarray  # the float weight
+    axis: int  # its per-channel axis
+    lo: np.ndarray  # its range (after widening to 0 or symmetric), one value per channel
+    hi: np.ndarray
+    dq: ir.Node  # its DequantizeLinear
+    scale: np.ndarray  # the array of ``weight_scales`` (updated in place)
+
+
 class EvalEncoder:
-    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int, trained: bool = False):
+    def __init__(self, graph: ir.Graph, plan: QuantPlan, names: NameScope, opset: int, trained: bool = False,
+                 widen_for_bias: frozenset[str] = frozenset()):
         self.graph = graph
         self.trained = trained  # a qtool training graph: its FakeQuantBias saturates, so the deployed bias does
+        # a training graph's layers whose weight range it widens for their bias (contract: widen_weight)
+        self.widen_for_bias = widen_for_bias
+        self.trained_weights: dict[int, TrainedWeight] = {}  # layer id -> its weight (training graphs, per channel)
         self.plan = plan
         self.config = plan.config
         self.names = names
@@ -226,11 +244,17 @@ class EvalEncoder:
         first = min(point.layers, key=lambda n: self._position(n))
         self.graph.insert_before(first, dq)
         source = constant_source(point.value)
+        trained = None
+        if self.trained and point.axis is not None and any(n.name in self.widen_for_bias for n in point.layers):
+            trained = TrainedWeight(w, point.axis, np.asarray(params.range[0], np.float32),
+                                    np.asarray(params.range[1], np.float32), dq, params.scale)
         for layer in point.layers:
             for i, v in enumerate(layer.inputs):
                 if v is point.value and i == 1:
                     layer.replace_input_with(i, dq.outputs[0])
             self.weight_scales[id(layer)] = (params.scale, point.axis)
+            if trained is not None:
+                self.trained_weights[id(layer)] = trained
         if source is not None:
             remove_if_unused(self.graph, source.nodes, [source.root])
         entry = {
@@ -777,6 +801,8 @@ class QuantizeBias:
         reader, index = slot
         bias = reader.inputs[index]
         b = constant_array(bias)
+        if enc.trained and layer.name in enc.widen_for_bias:
+            self._widen_as_trained(layer, b)
         b_scale = self.scale(layer, b.size)
         q, b_scale, factor, saturated = self._integers(layer, b, b_scale)
         if q is None:
@@ -803,6 +829,33 @@ class QuantizeBias:
         if saturated:
             entry["saturated"] = saturated
         return entry
+
+    def _widen_as_trained(self, layer: ir.Node, b: np.ndarray) -> None:
+        """A training graph that widens this layer's weight range for its bias (``TrainEncoder._widen_for_bias``,
+        contract ``widen_weight``): the same range in the same float32 operations (``codec.bias_fit_range``), from
+        the trained input scale, and the float weight quantized on it afresh, so the deployed weight, weight
+        scale and bias are the ones the graph trained with."""
+        enc = self.encoder
+        trained = enc.trained_weights.get(id(layer))
+        if trained is None or trained.lo.size != b.size:
+            return
+        x_scale = constant_array(_input_dq(layer).inputs[1]).reshape(-1)[0]
+        lo, hi = bias_fit_range(trained.lo, trained.hi, b, x_scale, enc.config.weight_bits)
+        grown = (lo != trained.lo) | (hi != trained.hi)
+        if not np.any(grown):
+            return
+        cfg = enc.config
+        stored, params = weight_params_in_range(trained.weight, lo, hi, bits=cfg.weight_bits, axis=trained.axis,
+                                                int4=cfg.pack_int4, round_mode=cfg.round_mode)
+        codes, scale, zero = trained.dq.inputs[:3]
+        codes.const_value = _tensor(stored, codes.name, params.storage.dtype)
+        scale.const_value = _tensor(params.scale, scale.name)
+        zero.const_value = _tensor(params.zero_point, zero.name, params.storage.dtype)
+        trained.lo, trained.hi = lo, hi  # a second layer reading this weight widens from here, as the graph does
+        trained.scale[...] = params.scale  # every layer reading this weight sees the new scales
+        enc.result.notes.append(
+            f"layer '{layer.name}': the weight range of {int(np.count_nonzero(grown))} channel(s) widened so that "
+            "their bias fits int32 at input_scale * weight_scale, as the training graph widens it")
 
     def _widen_weight_scales(self, layer: ir.Node, b: np.ndarray, over: np.ndarray) -> int | None:
         """A channel whose bias does not fit int32 at ``input_scale * weight_scale`` has tiny weights beside its
@@ -897,7 +950,9 @@ class QuantizeBias:
 
 
 def encode_eval_graph(graph: ir.Graph, plan: QuantPlan, names: NameScope, *, opset: int,
-                      ranges: dict[str, tuple[float, float]] | None, trained: bool = False) -> EvalEncoding:
+                      ranges: dict[str, tuple[float, float]] | None, trained: bool = False,
+                      widen_for_bias: frozenset[str] = frozenset()) -> EvalEncoding:
     """Write ``plan`` into ``graph`` as Q/DQ (in place). ``trained``: the graph was a qtool training graph,
-    whose weights and biases deploy as they were trained (no weight scale is widened for a bias)."""
-    return EvalEncoder(graph, plan, names, opset, trained).run(ranges)
+    whose weights and biases deploy as they were trained: a weight range is widened for a bias only where the
+    training graph widens it (the layers ``widen_for_bias`` names), in its arithmetic."""
+    return EvalEncoder(graph, plan, names, opset, trained, widen_for_bias).run(ranges)

@@ -22,6 +22,7 @@ from qtool.model.io import clamp_ir_version
 from qtool.model.layers import is_layer
 from qtool.model.names import NameScope
 from qtool.model.opset import convert_opset, default_opset
+from qtool.onnx_rewrite.cancelled_transposes import transposes_cancelled
 from qtool.onnx_rewrite.conv_pads import pads_into_convs
 from qtool.onnx_rewrite.depthwise_multipliers import multipliers_as_depthwise
 from qtool.onnx_rewrite.global_pools import means_as_global_pools
@@ -30,6 +31,7 @@ from qtool.onnx_rewrite.eval_graph import EvalEncoding, encode_eval_graph, neede
 from qtool.onnx_rewrite.fold_affine import fold_affine
 from qtool.onnx_rewrite.fold_batch_norms import FoldReport, fold_batch_norms
 from qtool.onnx_rewrite.hard_activations import split_hard_swish
+from qtool.onnx_rewrite.layer_norms import layer_norms_fused
 from qtool.onnx_rewrite.normalize import normalize
 from qtool.onnx_rewrite.placement import QuantPlan, plan_quantization
 from qtool.onnx_rewrite.reshape_targets import constant_reshape_targets
@@ -95,11 +97,14 @@ def fold_and_plan(model: ir.Model, config: QuantConfig, *, trained: bool = False
     pads_into_convs(graph, default_opset(model), config.out_of_scope)  # what onnxruntime's PadFusion does, which Q/DQ would prevent
     pools = means_as_global_pools(graph, default_opset(model), names, config.out_of_scope)  # dynamo's pools
     neutral = neutral_ops_removed(graph, config.out_of_scope)  # what onnxruntime's NoopElimination does
+    transposes = transposes_cancelled(graph, config.out_of_scope)  # what onnxruntime's transpose optimizer does
+    layer_norms = layer_norms_fused(graph, default_opset(model), names, config.out_of_scope)  # tf2onnx's Keras norms
     multipliers = multipliers_as_depthwise(graph, names, config.out_of_scope)  # onnxruntime's depthwise kernel
     affine = fold_affine(graph, names, exclude=config.exclude)
     folds = fold_batch_norms(graph, names, exclude=config.exclude, float32=trained)
     folds.affine, folds.weight_expressions, folds.float16 = affine, normalized.weight_expressions, normalized.float16
     folds.global_pools, folds.neutral_ops, folds.multipliers = pools, neutral, multipliers
+    folds.transposes, folds.layer_norms = transposes, layer_norms
     if not trained:
         folds.transposed_convs = convtransposes_as_convs(graph, config, names, default_opset(model))
     split_hard_swish(graph, config, names)
@@ -160,7 +165,10 @@ def contract_config(config: QuantConfig, contract: dict) -> tuple[QuantConfig, l
 def encode_eval(prepared: EvalGraph, ranges: dict[str, tuple[float, float] | None] | None) -> EvalEncoding:
     """Write the plan into the model as Q/DQ with ``ranges`` (None: TF's default ranges)."""
     model = prepared.model
+    trained = prepared.trained
+    widen = frozenset(q["layer"] for q in (trained.contract.get("bias_quantizers", []) if trained else [])
+                      if q.get("widen_weight"))
     encoding = encode_eval_graph(model.graph, prepared.plan, prepared.names, opset=default_opset(model),
-                                 ranges=ranges, trained=prepared.trained is not None)
+                                 ranges=ranges, trained=trained is not None, widen_for_bias=widen)
     clamp_ir_version(model)
     return encoding

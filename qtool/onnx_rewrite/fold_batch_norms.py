@@ -89,6 +89,8 @@ class FoldReport:
     global_pools: list[str] = field(default_factory=list)  # spatial ReduceMeans written as GlobalAveragePool
     neutral_ops: list[str] = field(default_factory=list)  # Mul by 1 / Add of 0 removed (noop_elimination)
     multipliers: list[str] = field(default_factory=list)  # depthwise Convs with a channel multiplier made plain
+    transposes: list[str] = field(default_factory=list)  # Transpose pairs around an elementwise chain removed
+    layer_norms: list[str] = field(default_factory=list)  # tf2onnx's written-out Keras LayerNorms made one op
     float16: int = 0  # float16 weights and Constant values made float32 (``model.float16``)
 
 

@@ -15,7 +15,7 @@ output's QuantizeLinear when that is its only reader, so that ``QGemm`` writes t
 the second Reshape is a constant where one leading dim is symbolic (``[-1, S, N]``), else ``Shape`` of the codes
 without its last dim, concatenated with ``N``. The values are those of ``MatMul + Add`` with the int32 bias: the
 same integer products and the same bias, which the training graph adds too (``qtool::FakeQuantBias``, as for a
-Gemm's bias; ``docs/spec-changes.md``). Measured in ``benchmarks/zoo/FINDINGS.md`` section 29.
+Gemm's bias; ``docs/spec-changes.md``). Measured in ``benchmarks/zoo/FINDINGS.md`` section 30.
 """
 
 from __future__ import annotations

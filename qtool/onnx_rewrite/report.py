@@ -497,7 +497,9 @@ def _affine_lists(folds) -> dict:
             "convtransposes_as_convs": list(folds.transposed_convs) if folds is not None else [],
             "means_as_global_pools": list(folds.global_pools) if folds is not None else [],
             "neutral_ops_removed": list(folds.neutral_ops) if folds is not None else [],
-            "depthwise_multipliers": list(folds.multipliers) if folds is not None else []}
+            "depthwise_multipliers": list(folds.multipliers) if folds is not None else [],
+            "transposes_cancelled": list(folds.transposes) if folds is not None else [],
+            "layer_norms_fused": list(folds.layer_norms) if folds is not None else []}
 
 
 # the eval rewrites before placement that the summary shows when they did anything: (count key, label, what it is)
@@ -514,6 +516,10 @@ _REWRITE_LINES = (
      "model)"),
     ("depthwise_multipliers", "depthwise x m as x 1", "  (a depthwise Conv with a channel multiplier as Gather + "
      "depthwise Conv: onnxruntime runs it group by group)"),
+    ("transposes_cancelled", "Transpose pairs gone", "  (two Transposes that cancel around elementwise ops: onnxruntime "
+     "drops them from the float model)"),
+    ("layer_norms_fused", "LayerNorms as one op", "  (tf2onnx's written-out Keras LayerNormalization: its broadcasts "
+     "ran per pixel in onnxruntime's NHWC integer graph)"),
 )
 
 
@@ -629,6 +635,10 @@ class TrainResult:
             warnings.append(f"{len(inside)} layer op(s) inside If/Loop/Scan bodies stay float in the training graph"
                             + (f" ({why})" if why else "") + "; rewrite-eval --data quantizes If branches "
                             "post-training")
+        widened = [b["layer"] for b in self.encoded.encoding.biases if b.get("widen_weight")]
+        if widened:
+            notes.append("weight range widened every step so that the bias fits int32 (a channel of tiny weights "
+                         "beside a large bias, as rewrite-eval widens it): " + ", ".join(widened))
         if self.trained_branches:
             notes.append("If branches quantized for training as models of their own (their state in the graph): "
                          + ", ".join(self.trained_branches))

@@ -51,7 +51,7 @@ from qtool.onnx_rewrite import fake_quant_function as fqf
 from qtool.onnx_rewrite._train_ops import Ops
 from qtool.onnx_rewrite.branches import BRANCHES, extract_branch, replace_if
 from qtool.config import QuantConfig
-from qtool.model.codec import symmetric_ratio, widen
+from qtool.model.codec import bias_fit_factor, symmetric_ratio, widen
 from qtool.model.io import load_model
 from qtool.model.validate import check_finite_parameters
 from qtool.onnx_rewrite.hard_activations import gate_shift
@@ -100,6 +100,7 @@ class TrainBiasPoint:
     per_channel: bool = True  # one weight scale per output-channel-axis entry (else one per tensor)
     groups: int = 1  # a grouped ConvTranspose repeats its weight scales per group
     saturate: bool = True  # int32 saturation (the eval graph's rule when 8-bit kernels may run the layer)
+    widen_weight: bool = False  # the weight range widened so that the bias fits int32 (``_widen_for_bias``)
 
 
 @dataclass
@@ -253,13 +254,39 @@ class TrainEncoder:
                       dtype=ir.DataType.BOOL)
         return ops.op("Where", [tiny, ops.const(f"{base}/one", np.float32(1.0)), raw], base)
 
+    def _widen_for_bias(self, point: TrainBiasPoint, w_fq: ir.Node, s_in: ir.Value, base: str) -> None:
+        """TFLite's AdjustWeightsForBiasScale, every step: the weight FakeQuant's per-channel range
+        ``[lo, hi]`` becomes ``[min(lo, -m), max(hi, m)]`` with ``m = (|b| / input_scale) * k``,
+        ``k = float32((2**(bits-1) - 1) * (1 + 2**-16) / (2**31 - 1))``, so the weight scale is at least
+        ``|b| / (input_scale * (2**31 - 1))`` and the bias code fits int32 (a batch norm's dead channel: tiny
+        weights beside a large folded bias). A channel whose range is wider is unchanged (``Max``/``Min``);
+        the widened range contains the channel's weights, so the weight's straight-through gradient is the
+        identity there, and a weight range gets no gradient (last-value ranges). ``rewrite-eval`` of the graph
+        repeats these float32 operations (``eval_graph.QuantizeBias``)."""
+        ops = self.ops
+        bits = w_fq.attributes["num_bits"].as_int() if "num_bits" in w_fq.attributes else 8
+        k = bias_fit_factor(bits)
+        lo, hi = w_fq.inputs[1], w_fq.inputs[2]
+        at = f"{base}/weight_widening"
+        code = ops.op("Div", [ops.op("Abs", [point.bias], f"{at}/abs_bias"), s_in], f"{at}/bias_code")
+        half = ops.op("Mul", [code, ops.const(f"{at}/factor", k)], f"{at}/half_range")
+        shape = ops.op("Shape", [lo], f"{at}/range_shape", dtype=ir.DataType.INT64)
+        half = ops.op("Reshape", [half, shape], f"{at}/per_channel")
+        new_lo = ops.op("Min", [lo, ops.op("Neg", [half], f"{at}/neg")], f"{at}/min")
+        new_hi = ops.op("Max", [hi, half], f"{at}/max")
+        w_fq.replace_input_with(1, new_lo)
+        w_fq.replace_input_with(2, new_hi)
+
     def encode_bias(self, point: TrainBiasPoint, x_fq: ir.Node, w_fq: ir.Node) -> None:
         """The deployed int32 bias in float: ``qtool::FakeQuantBias(b, input_scale * weight_scale)`` with
         the scales of the FakeQuant nodes on the layer's input and weight (the input's range as updated
-        by this batch, as its FakeQuant uses it)."""
+        by this batch, as its FakeQuant uses it); with ``point.widen_weight``, the weight's range first
+        widened where the bias would not fit int32 (:meth:`_widen_for_bias`)."""
         ops = self.ops
         base = ops.names.prefix(point.name)
         s_in = self._scale(x_fq, f"{base}/input_scale")
+        if point.widen_weight:
+            self._widen_for_bias(point, w_fq, s_in, base)
         s_w = self._scale(w_fq, f"{base}/weight_scale")
         if point.per_channel:
             s_w = ops.reshape(s_w, [-1], f"{base}/weight_scale_vector")
@@ -280,6 +307,8 @@ class TrainEncoder:
             "output": q.name,
             "saturate": bool(point.saturate),
         })
+        if point.widen_weight:
+            self.result.biases[-1]["widen_weight"] = True
 
     # --- activations -------------------------------------------------------------------------------
     def encode_activation(self, point: TrainActivationPoint) -> None:
@@ -459,6 +488,9 @@ def check_contract(contract: dict, model: ir.Model | None = None) -> None:
         raise QtoolError("the 'qtool.training' contract is garbled: 'bias_quantizers' is not a list")
     for i, q in enumerate(contract.get("bias_quantizers", [])):
         _check_fields(q, _BIAS_QUANT_KEYS, f"bias quantizer {i}")
+        if not isinstance(q.get("widen_weight", False), bool):
+            raise QtoolError(f"the 'qtool.training' contract is garbled: 'widen_weight' of bias quantizer {i} is "
+                             f"{json.dumps(q['widen_weight'])[:60]}")
     for i, b in enumerate(contract["batch_norms"]):
         _check_fields(b, _BATCH_NORM_KEYS, f"batch norm {i}")
         _check_strings(b["layer_inputs"], f"'layer_inputs' of batch norm {i}", empty_ok=True)

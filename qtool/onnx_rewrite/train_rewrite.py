@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from qtool.config import QuantConfig, TrainSchedule
 from qtool.errors import QtoolError
+from qtool.model.codec import activation_params, qparams, weight_range
 from qtool.model.constants import constant_array, constant_source, contiguous, root_array
 from qtool.model.io import clamp_ir_version
 from qtool.model.layers import (float_attr, group_of, layer_bias, layer_input, layer_weight, per_output_channel,
@@ -280,6 +281,42 @@ def _deployed_int32_bias(layer: ir.Node, slot, axis: int | None) -> bool:
     return per_output_channel(layer, scales, b.size) is not None
 
 
+# a bias code |b| / (input_scale * weight_scale) above this when the graph is written, a factor 2**8 below int32's
+# limit, gets the weight-range widening in the training graph (``TrainEncoder._widen_for_bias``)
+WIDEN_CODE_LIMIT = 2.0**23
+
+
+def _input_range(encoder: tg.TrainEncoder, x_fq: ir.Node) -> list[float] | None:
+    """The initial (calibrated or default) range of the activation quantizer ``x_fq`` uses."""
+    for new_min, new_max, _, _, initial in encoder.ranges.values():
+        if new_min is x_fq.inputs[1] and new_max is x_fq.inputs[2]:
+            return initial
+    return None
+
+
+def _bias_may_overflow(planned: ir.Node, slot, axis: int | None, x_range, config: QuantConfig) -> bool:
+    """Whether the training graph widens the weight range of ``planned`` (the eval-folded layer) for its bias:
+    where some bias code ``|b| / (input_scale * weight_scale)`` of the graph as written (its initial input range,
+    the eval fold's weight and bias) is above :data:`WIDEN_CODE_LIMIT` (a batch norm's dead channel: SINet's
+    first Conv, ~2**42). Whether a bias overflows during training is not known when the graph is written (the
+    weights, the bias and the input range train), so this is a margin, not a rule: a channel that comes within
+    2**8 of the limit only by training saturates, as every bias did before. Unknown input range: widen."""
+    if axis is None:
+        return False
+    b = constant_array(slot[0].inputs[slot[1]])
+    w = constant_array(layer_weight(planned))
+    if x_range is None:
+        return True
+    lo, hi = weight_range(w, bits=config.weight_bits, symmetric=config.weights_symmetric, axis=axis)
+    s_w = per_output_channel(planned, qparams(lo, hi, bits=config.weight_bits, narrow=True, signed=True).scale, b.size)
+    s_in = activation_params(x_range[0], x_range[1], bits=config.activation_bits, symmetric=config.symmetric).scale
+    if s_w is None or s_w.size != b.size:
+        return False
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        codes = np.abs(b.astype(np.float64).reshape(-1)) / (np.float64(s_in.reshape(-1)[0]) * s_w.astype(np.float64))
+    return bool(np.any(codes[np.isfinite(codes)] > WIDEN_CODE_LIMIT))
+
+
 def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[TrainFold]) -> None:
     """``qtool::FakeQuantBias`` on the bias of each layer whose bias the eval graph stores as int32 (its input
     and weight quantized): the training graph adds the deployed bias. A folded layer's bias is the fold's
@@ -289,6 +326,9 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
     folded = {f.layer.name: f for f in folds}
     eval_only = {r.layer for r in prepared.eval_folds.folded} - set(folded)
     axes = {layer.name: point.axis for point in prepared.plan.new_weights() for layer in point.layers}
+    # a weight read by several layers is not widened for a bias: a later layer's input scale may depend on the
+    # weight (a cycle), and the other layers' biases would take the widened scale
+    shared = {layer.name for point in prepared.plan.new_weights() if len(point.layers) > 1 for layer in point.layers}
     # QuantizeBias saturates to int32 where onnxruntime may fuse 8-bit integer kernels
     saturate = config.activation_bits <= 8 and config.weight_bits <= 8 and config.weight_bits != 4
     for match in prepared.plan.layers:
@@ -318,8 +358,10 @@ def _encode_biases(prepared: TrainGraph, encoder: tg.TrainEncoder, folds: list[T
             uses = [(layer, 2)]  # Conv, ConvTranspose and Gemm read their bias as input 2
         channels = int(np.size(constant_array(slot[0].inputs[slot[1]])))
         groups = group_of(layer) if layer.op_type == "ConvTranspose" else 1
+        widen = saturate and groups == 1 and planned.name not in shared \
+            and _bias_may_overflow(planned, slot, axes[planned.name], _input_range(encoder, x_fq), config)
         point = tg.TrainBiasPoint(f"{context_of(layer.name or layer.op_type)}/bias_quant", layer, bias, uses,
-                                  channels, axes[planned.name] is not None, groups, saturate)
+                                  channels, axes[planned.name] is not None, groups, saturate, widen)
         encoder.encode_bias(point, x_fq, w_fq)
 
 

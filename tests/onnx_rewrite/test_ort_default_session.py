@@ -201,11 +201,12 @@ def test_rewrite_eval_leaves_the_callers_ir_model_alone():
     assert ir.serde.serialize_model(result.model) == ir.serde.serialize_model(from_path)
 
 
-def test_a_training_graphs_overflowing_bias_saturates_as_it_was_trained():
-    """A qtool training graph's FakeQuantBias saturates such a bias: its eval graph keeps the trained weight scales
-    (train == eval) rather than widening them."""
+def test_a_training_graphs_overflowing_bias_is_widened_as_it_was_trained():
+    """A qtool training graph widens such a channel's weight range itself (contract ``widen_weight``), so its eval
+    graph widens the same channels, from the trained values, rather than saturating them
+    (tests/onnx_rewrite/test_train_bias_widening.py: train == eval)."""
     proto, feeds = _tiny_conv(1e-4, 1e-4, np.array([3.0, -2.5, 0.0]))
     trained = rewrite_train(proto, calibration_data=feeds).model
     result = rewrite_eval(trained)
-    assert [e.get("saturated") for e in result.summary["biases"]] == [2]
-    assert not any("widened" in n for n in result.summary["notes"])
+    assert [e.get("saturated") for e in result.summary["biases"]] == [None]
+    assert any("weight range of 2 channel(s) widened" in n for n in result.summary["notes"])
