@@ -156,19 +156,38 @@ def inferred_shapes(graph: ir.Graph) -> dict[str, tuple]:
     computed once per graph (kept in ``graph.meta``; a rewrite that changes shapes must not rely on it)."""
     key = "qtool.inferred_shapes"
     if key not in graph.meta:
-        graph.meta[key] = current_shapes(graph)
+        graph.meta[key], graph.meta[_DIMS_KEY] = _current_shapes_and_dims(graph)
     return graph.meta[key]
+
+
+_DIMS_KEY = "qtool.inferred_dims"
+
+
+def inferred_dims(graph: ir.Graph) -> dict[str, tuple]:
+    """``inferred_shapes`` with the names of the symbolic dims (``dim_param``; None where a dim has neither a value
+    nor a name), from the same inference."""
+    if _DIMS_KEY not in graph.meta:
+        inferred_shapes(graph)
+        graph.meta.setdefault(_DIMS_KEY, {})  # shapes kept by a caller before the names were: none known
+    return graph.meta[_DIMS_KEY]
 
 
 def current_shapes(graph: ir.Graph) -> dict[str, tuple]:
     """``inferred_shapes`` of the graph as it is now, not kept: for a caller that must not fix the shapes a later
     ``inferred_shapes`` sees (the placement runs on a graph that later rewrites still change)."""
+    return _current_shapes_and_dims(graph)[0]
+
+
+def _current_shapes_and_dims(graph: ir.Graph) -> tuple[dict[str, tuple], dict[str, tuple]]:
     shapes: dict[str, tuple] = {}
+    dims: dict[str, tuple] = {}
     for vi in _inferred(graph):
         t = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and t.HasField("shape"):
             shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim)
-    return shapes
+            dims[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                  for d in t.shape.dim)
+    return shapes, dims
 
 
 def inferred_types(graph: ir.Graph) -> dict[str, ir.DataType]:

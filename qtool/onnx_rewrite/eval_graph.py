@@ -32,7 +32,9 @@ beyond the rounding of an int32 bias:
   kernels. The constant of a MatMul's bias ``Add`` too: onnxruntime's basic
   optimizations fuse MatMul + Add into a Gemm and quantize its float bias
   that way themselves, so leaving it float made the results depend on the
-  optimization level (only where it makes that Gemm: ``becomes_gemm``). A
+  optimization level (where it makes that Gemm: ``becomes_gemm``; where it does
+  not, an input with symbolic dims, the eval graph writes the Gemm itself:
+  ``linear_gemms``). A
   qtool training graph models this rounding
   (``qtool::FakeQuantBias``), so a trained bias deploys unchanged.
 
@@ -93,6 +95,7 @@ from qtool.onnx_rewrite.kernel_forms import (
     tile_gates,
 )
 from qtool.onnx_rewrite.placement import ActivationPoint, LeftInFloat, QuantPlan, RecurrentPoint, WeightPoint
+from qtool.onnx_rewrite.linear_gemms import linears_as_gemms, reshapes_to_gemm
 from qtool.onnx_rewrite.placement.integer import DYNAMIC_LSTM, DYNAMIC_LSTM_DOMAIN, becomes_gemm
 
 _INT32 = np.iinfo(np.int32)
@@ -120,6 +123,7 @@ class EvalEncoding:
     fused_gelus: list[dict] = field(default_factory=list)  # written-out GELUs as com.microsoft.Gelu / FastGelu
     relus_on_grid: list[dict] = field(default_factory=list)  # Relus before a symmetric grid as LeakyRelu(0)
     residual_sums: list[dict] = field(default_factory=list)  # float Adds before a LayerNormalization as Sum
+    linear_gemms: list[dict] = field(default_factory=list)  # MatMul + bias Add on symbolic dims as a Gemm
     left_in_float: list[LeftInFloat] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -588,6 +592,8 @@ class EvalEncoder:
         self.result.residual_sums = residual_adds_as_sums(self.graph, self.names)
         if not self.config.standard_ops:  # com.microsoft.Gelu / FastGelu
             self.result.fused_gelus = gelus_fused(self.graph, self.names)
+        # last of the layer rewrites: the steps above read the plan's MatMuls
+        self.result.linear_gemms = linears_as_gemms(self.graph, self.names, self.initializer, self.opset)
         for point in self.plan.recurrent:  # last: the activation points hold the LSTM's output values
             self.encode_recurrent(point)
         self.keep_float_layers_float()
@@ -735,10 +741,11 @@ def bias_slot(layer: ir.Node, bias_add: ir.Node | None = None) -> tuple[ir.Node,
     input; MatMul: the constant operand of its bias ``Add`` (the plan's ``bias_add`` step), which
     onnxruntime's basic optimizations fuse into a Gemm whose float bias they quantize to int32 at
     ``input_scale * weight_scale`` themselves (so it is rounded in the default session, not without
-    optimizations, unless the eval graph stores it as int32). None: no bias, or a MatMul onnxruntime
-    keeps as a MatMul (its float bias Add is exact there, and an int32 one costs a node per layer)."""
+    optimizations, unless the eval graph stores it as int32), or that the eval graph writes as a Gemm itself
+    (``linear_gemms``: an input with symbolic dims). None: no bias, or a MatMul that stays one (its float bias
+    Add is exact there, and an int32 one costs a node per layer)."""
     if layer.op_type == "MatMul":
-        if bias_add is None or len(bias_add.inputs) != 2 or not becomes_gemm(layer):
+        if bias_add is None or len(bias_add.inputs) != 2 or not (becomes_gemm(layer) or reshapes_to_gemm(layer)):
             return None
         for i, v in enumerate(bias_add.inputs):
             if v is not None and v is not layer.outputs[0] and constant_array(v) is not None:

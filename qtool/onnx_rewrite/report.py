@@ -193,6 +193,7 @@ class RewriteResult:
             "fast_gelus_fused": sum(g["op"] == "FastGelu" for g in e.fused_gelus),
             "relus_on_their_grid": len(e.relus_on_grid),
             "residual_adds_as_sums": len(e.residual_sums),
+            "linears_as_gemms": len(e.linear_gemms),
             "already_quantized_weights": sum(1 for p in plan.weights if p.exists),
             "already_quantized_activations": sum(1 for p in plan.activations if p.exists),
             "left_in_float": len(self.left_in_float()),
@@ -235,6 +236,7 @@ class RewriteResult:
             "fused_gelus": e.fused_gelus,
             "relus_on_grid": e.relus_on_grid,
             "residual_sums": e.residual_sums,
+            "linear_gemms": e.linear_gemms,
             "left_in_float": self.left_in_float(),
             "other_float_ops": self.other_float_ops(),
             "float_ops": [x.to_dict() for x in p.plan.float_ops],
@@ -412,6 +414,8 @@ def format_summary(s: dict) -> str:
         extra.append(_plural(c["relus_on_their_grid"], "Relu") + " as LeakyRelu(alpha=0) on the output grid")
     if c.get("residual_adds_as_sums"):
         extra.append(_plural(c["residual_adds_as_sums"], "Add") + " before a LayerNorm as Sum")
+    if c.get("linears_as_gemms"):
+        extra.append(_plural(c["linears_as_gemms"], "MatMul + bias Add") + " as Reshape -> Gemm -> Reshape")
     if extra:
         lines.append(f"  for onnxruntime        {', '.join(extra)}")
     if c["already_quantized_weights"] or c["already_quantized_activations"]:

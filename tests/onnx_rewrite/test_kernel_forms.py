@@ -312,7 +312,7 @@ def test_a_relu_before_a_symmetric_grid_runs_as_an_integer_leaky_relu(act, opset
 
 def test_a_tanh_gelu_between_linears_runs_as_one_fast_gelu(tmp_path):
     """A transformer MLP with nn.GELU(approximate="tanh") (GPT-2, the zoo's BERT): the first Linear's output stays
-    float (MatMulIntegerToFloat, the pair dropped: FINDINGS.md section 6), and onnxruntime's FastGeluFusion does not
+    float (a QGemm's float output, the pair dropped: FINDINGS.md section 6), and onnxruntime's FastGeluFusion does not
     take PyTorch's ``x * (x * x)`` form, in the float model either: nine float ops per GELU. qtool writes it as one
     com.microsoft.FastGelu (zoo BERT 0.48x -> 0.42x float); a GELU of the model's float part is left as it is."""
     b = Builder(opset=17, named=False)
@@ -320,7 +320,7 @@ def test_a_tanh_gelu_between_linears_runs_as_one_fast_gelu(tmp_path):
     y = b.matmul(torch_tanh_gelu(b, b.matmul(x, 16, 32, bias=True)), 32, 16, bias=True)
     proto = b.proto([y, torch_tanh_gelu(b, b.input("s", ["N", 16]))])
     assert optimized_ops(proto, tmp_path)["Tanh"] == 2  # the float model: unfused
-    ops, result = check_integer(proto, feeds, tmp_path, expect=["MatMulIntegerToFloat"])
+    ops, result = check_integer(proto, feeds, tmp_path, expect=["QGemm"])
     rewritten = ir.serde.serialize_model(result.model)
     fast = [n for n in rewritten.graph.node if n.op_type == "FastGelu"]
     assert len(fast) == 1 and fast[0].domain == "com.microsoft" and not fast[0].input[0].endswith("dequantized")

@@ -253,10 +253,10 @@ def test_tanh_gelu_between_matmuls_stays_float_inside(tmp_path):
 
 
 def test_residual_stream_before_layernorm_stays_float(tmp_path):
-    """Two pre-norm blocks ``y = x + Linear(LayerNorm(x))``: every Linear integer (MatMulIntegerToFloat), the
-    residual stream float (no Q -> QLinearAdd -> DQ before each LayerNormalization: a float Add between
-    MatMulIntegerToFloat's float output and the float LayerNormalization), dropped from its float end back
-    through the chain of residual Adds."""
+    """Two pre-norm blocks ``y = x + Linear(LayerNorm(x))``: every Linear integer (QGemm with a float output:
+    linear_gemms), the residual stream float (no Q -> QLinearAdd -> DQ before each LayerNormalization: a float Add
+    between the Linear's float output and the float LayerNormalization), dropped from its float end back through
+    the chain of residual Adds."""
     b = Builder(opset=17, named=False)
     d = 16
     x = b.input("x", ["N", 4, d])
@@ -270,8 +270,8 @@ def test_residual_stream_before_layernorm_stays_float(tmp_path):
     y2 = b.node("Add", [y1, b.matmul(norm(y1), d, d, bias=True)])
     y = b.matmul(norm(y2), d, d, bias=True)
     feeds = {"x": x_data(8, 4, d)}
-    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["MatMulIntegerToFloat"])
-    assert ops["QLinearAdd"] == 0 and ops["MatMulIntegerToFloat"] == 4, ops
+    ops, result = check_integer(b.proto([y]), feeds, tmp_path, expect=["QGemm"])
+    assert ops["QLinearAdd"] == 0 and ops["QGemm"] == 4 and ops["MatMulIntegerToFloat"] == 0, ops
     quantized = {a["tensor"] for a in result.summary["activations"]}
     assert not quantized & {y1, y2}
     train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
@@ -346,10 +346,11 @@ def test_concat_of_the_same_activation_shares_one_range(act, tmp_path):
 
 
 @pytest.mark.parametrize("tokens", [True, False], ids=["3d_dynamic", "2d"])
-def test_a_matmul_bias_is_int32_only_where_onnxruntime_makes_a_gemm(tokens, tmp_path):
+def test_a_matmul_bias_is_int32_and_runs_in_qgemm(tokens, tmp_path):
     """MatMul + bias Add: with a 2-D input onnxruntime fuses them into a Gemm, which QGemm runs with the
     int32 bias the eval graph stores (and the training graph models). With a [batch, tokens, dim] input
-    it keeps MatMulIntegerToFloat and a float bias Add: an int32 bias there is one more node per layer."""
+    it keeps MatMulIntegerToFloat and a float bias Add (an int32 bias there was one more node per layer): the
+    eval graph writes Reshape -> Gemm -> Reshape itself (linear_gemms), with the int32 bias."""
     b = Builder(opset=17, named=False)
     shape = ["N", 5, 16] if tokens else ["N", 16]
     x = b.input("x", shape)
@@ -357,9 +358,9 @@ def test_a_matmul_bias_is_int32_only_where_onnxruntime_makes_a_gemm(tokens, tmp_
     feeds = {"x": x_data(8, *([5, 16] if tokens else [16]))}
     ops, result = check_integer(b.proto([y]), feeds, tmp_path)
     int32_biases = len(result.summary["biases"])
-    assert int32_biases == (0 if tokens else 2)
-    if tokens:
-        assert ops["MatMulIntegerToFloat"] == 2 and ops["Gemm"] == 0
+    assert int32_biases == 2
+    assert ops["QGemm"] == 2 and ops["MatMulIntegerToFloat"] == 0 and ops["Add"] == 0, ops
+    assert result.summary["counts"]["linears_as_gemms"] == (2 if tokens else 0)
     train = qtool.rewrite_train(b.proto([y]), calibration_data=feeds)
     assert len(train.contract["bias_quantizers"]) == int32_biases  # the training graph adds what is deployed
 
@@ -625,7 +626,7 @@ def test_a_layernorm_written_out_after_integer_convs_keeps_its_mean_float(opset,
     ln = b.node("Add", [b.node("Mul", [normed, b.const(np.linspace(0.5, 1.5, 16, dtype=np.float32))]),
                         b.const(np.zeros(16, np.float32))])
     out = b.matmul(ln, 16, 8, bias=True)
-    ops, result = check_integer(b.proto([out]), feeds, tmp_path, expect=["MatMulIntegerToFloat"])
+    ops, result = check_integer(b.proto([out]), feeds, tmp_path, expect=["QGemm"])
     pooled = [a["tensor"] for a in result.to_dict()["activations"] if a["kind"] == "pool_quant"]
     # no pair on the mean (the variance part fused; the mean's Sub and ReduceMean read a DequantizeLinear
     # copy each here, so onnxruntime does not fuse that part: on a float residual stream it fuses all)

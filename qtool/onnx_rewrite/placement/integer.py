@@ -464,7 +464,8 @@ class UnreadQuantizers(PlacementRule):
         sources = {id(p.source) for p in ctx.plan.activations if p.source is not None}
         order = {id(n): i for i, n in enumerate(ctx.graph)}
         points = [p for p in ctx.plan.activations if not p.exists and p.source is None and p.fixed_range is None
-                  and (p.is_concat_output or id(p) not in sources and p.group is None and (
+                  and (p.is_concat_output or p.group is None and _reshaped_gemm_end(ctx, p.value)
+                       or id(p) not in sources and p.group is None and (
                       _matmul_chain_end(ctx, p.value) or _float_arithmetic(ctx, p.value)
                       or _float_read_computation(ctx, p.value) or p.kind == "pool_quant"))]
         points += [p for p in ctx.plan.activations if _is_softmax_output(p) and p.group is None]
@@ -486,7 +487,7 @@ class UnreadQuantizers(PlacementRule):
         return None
 
     def apply(self, ctx, point):
-        if _is_softmax_output(point) or point.is_concat_output:
+        if _is_softmax_output(point) or point.is_concat_output or _reshaped_gemm_end(ctx, point.value):
             for carried in _carried_from(ctx, point):
                 ctx.drop_activation(carried)
         ctx.drop_activation(point)
@@ -579,6 +580,21 @@ def _matmul_chain_end(ctx: PlanContext, value: ir.Value) -> bool:
                                                                                   if v is not None)
     return (producer.op_type == "MatMul" and len(_variable_inputs(ctx, producer)) == 1
             and not _fused_into_float_gemm(ctx, producer))
+
+
+def _reshaped_gemm_end(ctx: PlanContext, value: ir.Value) -> bool:
+    """``value`` is the output of a Linear on a token tensor written ``Reshape -> Gemm -> Reshape`` (what the eval
+    graph makes of a MatMul + bias Add on an input with symbolic dims: ``linear_gemms``): a Gemm whose input is a
+    Reshape's output and whose only reader is a Reshape. Its pair goes where no integer op reads it, as a MatMul
+    chain's (and the one the Reshape carries with it): rewriting qtool's own output again adds nothing."""
+    producer = value.producer()
+    if producer is None or producer.domain != "" or producer.op_type != "Gemm" or not producer.inputs:
+        return False
+    source = ctx.view.input(producer, 0)
+    reshape = source.producer() if source is not None else None
+    readers = ctx.view.consumers(value)
+    return (reshape is not None and reshape.domain == "" and reshape.op_type == "Reshape" and len(readers) == 1
+            and readers[0].domain == "" and readers[0].op_type == "Reshape")
 
 
 def _fused_into_float_gemm(ctx: PlanContext, matmul: ir.Node) -> bool:
@@ -785,9 +801,10 @@ def becomes_gemm(matmul: ir.Node) -> bool:
     """Whether onnxruntime's MatMulAddFusion turns ``matmul`` + its bias Add into a Gemm: when the
     MatMul's input is 2-D or its shape is static (benchmarks/zoo/FINDINGS.md, rule 3). A 3-D input with
     a symbolic batch axis (a transformer's [batch, tokens, dim]) stays a MatMul, run as
-    MatMulIntegerToFloat followed by the float bias Add: an int32 bias there added a DequantizeLinear
-    per layer (the zoo's BERT went from 0.91x to 1.06x float). Unknown shapes: assume a Gemm (the
-    int32 bias is then what the optimized session computes, optimizations on or off)."""
+    MatMulIntegerToFloat followed by the float bias Add (an int32 bias there alone added a DequantizeLinear
+    per layer: the zoo's BERT went from 0.91x to 1.06x float); the eval graph writes it as a Gemm itself
+    (``linear_gemms.reshapes_to_gemm``). Unknown shapes: assume a Gemm (the int32 bias is then what the
+    optimized session computes, optimizations on or off)."""
     x = matmul.inputs[0] if matmul.inputs else None
     if x is None:
         return True

@@ -364,12 +364,14 @@ def export_legacy(model, shape, opset, dynamic_spatial=False, fold=False):
     return onnx.load_from_string(buf.getvalue())
 
 
-def export_dynamo(model, shape, opset: int | None = 18):
+def export_dynamo(model, shape, opset: int | None = 18, sequence: bool = False):
     import onnx
     import torch
 
     x = torch.randn(*shape)
     dyn = {0: torch.export.Dim("N", min=1, max=64)}
+    if sequence:  # a dynamic sequence too (dim 1 of a [N, T, F] input)
+        dyn[1] = torch.export.Dim("T", min=2, max=64)
     onnx_program = torch.onnx.export(
         model, (x,), input_names=["input"], output_names=["output"],
         dynamic_shapes={"x": dyn}, opset_version=opset, dynamo=True, verbose=False,
@@ -425,6 +427,9 @@ def make_torch():
     save("legacy17_SEBlock", export_legacy(m, shape, 17), data(shape))
     m, shape = build("PostNormBlock")
     save("dynamo_PostNormBlock", export_dynamo(m, shape, opset=None), data(shape))
+    # its Linears on [N, T, F] with a dynamic batch and sequence (MatMul + Add, no Gemm in onnxruntime): both exporters
+    save("dynamo_seq_PostNormBlock", export_dynamo(m, shape, opset=None, sequence=True), data(shape))
+    save("legacy17_PostNormBlock", export_legacy(m, shape, 17), data(shape))
     # learnable scalar scale and bias at their initial 1 and 0 (HGNetV2's LearnableAffineBlock): both exporters
     m, shape = build("AffineBlock")
     save("dynamo_AffineBlock", export_dynamo(m, shape, opset=None), data(shape))
