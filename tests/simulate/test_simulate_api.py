@@ -251,9 +251,8 @@ def test_what_if_table_of_a_model_below_opset_11_calibrates_what_rewrite_eval_qu
         assert mine["output"] == theirs["output"]
 
 
-def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path):
-    """Each integer HardSwish gate qtool writes (an Add the float model lacks) and its +3 constant are not
-    compared; the text says so in one line per reason with the count, the JSON lists each one."""
+def _hardswish_net(tmp_path):
+    """A conv, then three HardSwish -> 1x1 conv blocks (exported with Constant nodes, unnamed); its files."""
     from model_builders import Builder, x_data
 
     b = Builder(opset=17, constants=True, named=False)
@@ -263,6 +262,13 @@ def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path)
     model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
     onnx.save(b.proto([y]), model)
     np.savez(data, x=x_data(16, 8, 8, 8) * 3)
+    return model, data
+
+
+def test_quantizers_without_a_float_tensor_are_counted_once_per_reason(tmp_path):
+    """Each integer HardSwish gate qtool writes (an Add the float model lacks) and its +3 constant are not
+    compared; the text says so in one line per reason with the count, the JSON lists each one."""
+    model, data = _hardswish_net(tmp_path)
     res = simulate(model, data, SimulateConfig(calibration_data=data))
     (m,) = res.report["models"]
     made = [u for u in m["unmatched_activations"] if u["reason"].startswith("made by Add")]
@@ -360,15 +366,7 @@ def test_sensitivity_through_integer_hardswish_gates(tmp_path):
     (``Q(x + 3)`` on 6/255 read back on 1/255) is not a rounding of its input but ``clip(x + 3, 0, 6) / 6``, and stays
     that map unrounded: bypassed as a plain quantizer, every HardSwish became ``x * (x + 3)`` and each single-layer
     model's output was far from float (EfficientViT-B0: -3.7 dB and NaN against 8.7 dB for the whole int8 model)."""
-    from model_builders import Builder, x_data
-
-    b = Builder(opset=17, constants=True, named=False)
-    y = b.conv(b.input("x", ["N", 8, 8, 8]), 8, 8)
-    for _ in range(3):
-        y = b.conv(b.node("HardSwish", [y]), 8, 8, k=1)
-    model, data = tmp_path / "m.onnx", tmp_path / "d.npz"
-    onnx.save(b.proto([y]), model)
-    np.savez(data, x=x_data(16, 8, 8, 8) * 3)
+    model, data = _hardswish_net(tmp_path)
     (m,) = simulate(model, data, SimulateConfig(calibration_data=data, sensitivity=True)).report["models"]
     whole = m["output"]["sqnr_db"]
     alone = [s["output"]["sqnr_db"] for s in m["sensitivity"]]
