@@ -675,22 +675,27 @@ def quantizer_layers(quantized: QuantizedGraph) -> dict[str, str]:
 
 
 def single_layer_model(
-    model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None], clamping: set[str] = frozenset()
+    model: ir.Model, layer_name: str | None, float_arrays: dict[str, np.ndarray | None],
+    clamping: set[str] = frozenset()
 ) -> tuple[ir.Model | None, str]:
     """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible.
 
+    ``layer_name`` None: no quantizer at all (every weight float, every activation quantizer bypassed): the
+    float model as the single-layer models compute it, which must match the float model to float rounding.
     ``clamping``: quantizers that stand for a dropped activation (they become a float ``Clip``).
     """
     copy = model.clone()  # shares the tensors
     graph = copy.graph
     quantized = find_quantizers(graph)
-    layers = {n.name: n for n in quantized.layers()}
-    layer = layers.get(layer_name)
-    if layer is None:
-        return None, f"layer '{layer_name}' not found"
-    owned = layer_owned_quantizers(quantized)[id(layer)]
+    layer, owned = None, set()
+    if layer_name is not None:
+        layers = {n.name: n for n in quantized.layers()}
+        layer = layers.get(layer_name)
+        if layer is None:
+            return None, f"layer '{layer_name}' not found"
+        owned = layer_owned_quantizers(quantized)[id(layer)]
     for w in quantized.weights:
-        if w.layer is layer:
+        if layer is not None and w.layer is layer:
             continue
         array = float_arrays.get(w.name)
         if array is None:
