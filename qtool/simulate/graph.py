@@ -87,6 +87,17 @@ class ActivationQuantizer:
     q_params: tuple[float, int] | None = None
 
     @property
+    def moves(self) -> list[ir.Node]:
+        """The ops of the chain that move codes (:data:`_CODE_MOVES`), in graph order."""
+        return [n for n in self.nodes[1:-1] if _is(n, *_CODE_MOVES)]
+
+    @property
+    def reshapes(self) -> bool:
+        """Its codes reach the DequantizeLinear moved into another shape than its input's (all but a Slice that
+        crops a widened Conv's channels back): the DequantizeLinear's output is no longer the quantized input."""
+        return any(not _is(n, "Slice") for n in self.moves)
+
+    @property
     def rescaled_range(self) -> tuple[float, float] | None:
         """Where the QuantizeLinear of a rescaling pair saturates (its input's range), or None."""
         if self.q_params is None or self.grid is None:
@@ -189,6 +200,9 @@ class QuantizedGraph:
     activations: list[ActivationQuantizer] = field(default_factory=list)
     weights: list[WeightQuantizer] = field(default_factory=list)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (quantizer, tensor, why not compared)
+    # activation quantizers whose codes are moved into another shape before their DequantizeLinear (a stem's
+    # input padded to 4 channels, a gate tiled): nothing to compare, but undone in single-layer models
+    moved: list[ActivationQuantizer] = field(default_factory=list)
 
     def layers(self) -> list[ir.Node]:
         seen: dict[int, ir.Node] = {}
@@ -249,23 +263,29 @@ def _scalar_param(value: ir.Value | None, dtype=np.float32):
     return np.asarray(arr).reshape(()).astype(dtype)
 
 
+# ops that move codes between a QuantizeLinear and its DequantizeLinear (rewrite-eval's kernel forms: a widened Conv's
+# output codes sliced back to its channels, a stem's input codes padded to 4 channels or read through SpaceToDepth,
+# a squeeze-excite gate's codes tiled over the width); undoing the quantizer applies them to the float tensor
+_CODE_MOVES = ("Slice", "Pad", "Tile", "SpaceToDepth", "DepthToSpace", "Reshape", "Transpose", "Squeeze",
+               "Unsqueeze", "Flatten", "Expand", "Gather")
+
+
 def _chain_to_quantize(x: ir.Value) -> tuple[ir.Node | None, list[ir.Node], tuple[int, int] | None]:
-    """Back from a ``DequantizeLinear`` input through ``Clip``/``Cast``: (the ``QuantizeLinear``, the chain, grid)."""
+    """Back from a ``DequantizeLinear`` input through ``Clip``/``Cast`` and the ops that move codes
+    (:data:`_CODE_MOVES`): (the ``QuantizeLinear``, the chain, grid)."""
     chain: list[ir.Node] = []
     grid = None
     v = x
-    for _ in range(4):
+    for _ in range(6):
         p = v.producer()
         if p is None:
             break
         if _is(p, "QuantizeLinear"):
             return (p, chain, grid) if p.inputs and p.inputs[0] is not None else (None, chain, grid)
-        if _is(p, "Slice") and p.inputs and p.inputs[0] is not None and p.inputs[0].producer() is not None \
-                and _is(p.inputs[0].producer(), "QuantizeLinear"):
-            v = p.inputs[0]  # a narrow Conv's output codes sliced back to its channels (rewrite-eval widens it)
-            continue
-        if not (_is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None):
+        if not (_is(p, "Clip", "Cast", *_CODE_MOVES) and p.inputs and p.inputs[0] is not None):
             break
+        if _is(p, *_CODE_MOVES) and any(constant_array(i) is None for i in p.inputs[1:] if i is not None):
+            break  # a shape computed at run time: not a fixed move of the codes
         if _is(p, "Clip") and len(p.inputs) >= 3:
             lo, hi = _scalar_param(p.inputs[1], np.int64), _scalar_param(p.inputs[2], np.int64)
             if lo is not None and hi is not None:
@@ -315,7 +335,8 @@ def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
             if q is None:
                 continue
             if constant_array(q.inputs[0]) is None:
-                result.activations.append(_activation(node, q, chain, grid))
+                act = _activation(node, q, chain, grid)
+                (result.moved if act.reshapes else result.activations).append(act)
                 continue
         users = _weight_users(node)
         for user, index in users:
@@ -457,6 +478,11 @@ def _readers_saturate(ctx, value: ir.Value) -> tuple[float, float] | None:
     return min(b[0] for b in bounds), max(b[1] for b in bounds)
 
 
+def _clamping_source(act: ActivationQuantizer, quantized: QuantizedGraph, clamping: set[str]) -> bool:
+    """A moved quantizer whose QuantizeLinear a clamping quantizer shares (the dropped Relu/Clip is its input's too)."""
+    return any(a.q is act.q and a.name in clamping for a in quantized.activations)
+
+
 def clamping_quantizers(quantized: QuantizedGraph) -> set[str]:
     """Names of the activation quantizers that stand for a dropped Relu/Clip (see ``clamps``)."""
     return {a.name for a in quantized.activations if a.clamps}
@@ -531,11 +557,78 @@ def float_weights(
         if layer is not None and w.index < len(layer.inputs):
             arr = constant_array(layer.inputs[w.index])
             if arr is not None:
-                arr = np.asarray(arr)
-                if arr.dtype != np.float32:
-                    arr = None
+                arr = _space_to_depth_form(w, layer, np.asarray(arr))
+        elif layer is None:
+            arr = _rewritten_layer_form(w, nodes)
+        if arr is not None and arr.dtype != np.float32:
+            arr = None
         out[w.name] = arr
     return out
+
+
+def _codes_producer(layer: ir.Node) -> ir.Node | None:
+    """The op between the layer's input DequantizeLinear and its codes, if any."""
+    dq = layer.inputs[0].producer() if layer.inputs and layer.inputs[0] is not None else None
+    if not _is(dq, "DequantizeLinear") or dq.inputs[0] is None:
+        return None
+    return dq.inputs[0].producer()
+
+
+def _space_to_depth_form(w: WeightQuantizer, layer: ir.Node, arr: np.ndarray) -> np.ndarray:
+    """A stride-2 stem's float weight as rewrite-eval's stride-1 Conv on the input's SpaceToDepth reads it
+    (``kernel_forms.space_to_depth_conv``: the same taps at their phases), when the quantized layer is that."""
+    from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
+
+    if w.index != 1 or arr.ndim != 4 or not _is(_codes_producer(w.layer), "SpaceToDepth"):
+        return arr
+    attrs = layer.attributes
+    valid = attrs.get_string("auto_pad", "NOTSET") == "VALID"
+    pads = [0] * 4 if valid else list(attrs.get_ints("pads", [0] * 4))
+    codes = constant_array(w.dq.inputs[0])
+    form = space_to_depth_conv(arr, pads, (1 << 16, 1 << 16))  # the taps' places do not depend on the size
+    return form[0] if form is not None and codes is not None and form[0].shape == codes.shape else arr
+
+
+def _rewritten_layer_form(w: WeightQuantizer, nodes: dict[str, ir.Node]) -> np.ndarray | None:
+    """The float weight or bias of a layer rewrite-eval wrote in another form, as that form reads it:
+    ``<MatMul>/gemm/Gemm`` (``linear_gemms``: the MatMul's weight, its bias Add's constant), ``<ConvTranspose>/Conv``
+    (``transposed_convs``: the phase weight, the bias repeated per phase), ``<AveragePool>/depthwise/Conv``
+    (``kernel_forms.pools_as_depthwise``: weights 1/n, exact in int8)."""
+    from qtool.onnx_rewrite.transposed_convs import phase_weight
+
+    name, layer = w.layer.name or "", w.layer
+    codes = w.dequantized()
+    arr = None
+    for suffix, float_op, op in (("/gemm/Gemm", "MatMul", "Gemm"), ("/Conv", "ConvTranspose", "Conv"),
+                                 ("/depthwise/Conv", "AveragePool", "Conv")):
+        f = nodes.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+        if f is None or not _is(f, float_op) or not _is(layer, op):
+            continue
+        if float_op == "AveragePool":
+            arr = codes  # 1/n (a power of two) is exact
+        elif float_op == "MatMul" and w.index == 1:
+            arr = constant_array(f.inputs[1]) if len(f.inputs) > 1 and f.inputs[1] is not None else None
+            if arr is not None and arr.ndim == 2 and layer.attributes.get_int("transB", 0):
+                arr = arr.T
+        elif float_op == "MatMul":
+            adds = [u for u, _ in _uses(f.outputs[0]) if _is(u, "Add")]
+            consts = [constant_array(v) for a in adds for v in a.inputs if v is not f.outputs[0] and v is not None]
+            consts = [c for c in consts if c is not None]
+            arr = consts[0] if len(consts) == 1 else None
+        else:
+            w_float = constant_array(f.inputs[1]) if len(f.inputs) > 1 and f.inputs[1] is not None else None
+            strides = list(f.attributes.get_ints("strides", [1, 1]))
+            if w_float is None or w_float.ndim != 4 or len(strides) != 2:
+                break
+            if w.index == 1:
+                arr = phase_weight(w_float, strides[0], list(f.attributes.get_ints("pads", [0, 0, 0, 0])))[0]
+            elif len(f.inputs) > 2 and f.inputs[2] is not None:
+                b = constant_array(f.inputs[2])
+                arr = None if b is None else np.repeat(b, strides[0] * strides[0])
+        break
+    if arr is None or codes is None or np.asarray(arr).size != codes.size:
+        return None
+    return np.asarray(arr).reshape(codes.shape)
 
 
 # --- edits on a copy -----------------------------------------------------------------------------
@@ -589,15 +682,46 @@ def _rescaled(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
     return add.outputs[0]
 
 
+def _moved(graph: ir.Graph, act: ActivationQuantizer, src: ir.Value) -> ir.Value | None:
+    """``src`` moved as the quantizer's codes are (:data:`_CODE_MOVES`: the same ops on the float tensor; a
+    ``Pad`` pads with the value its code dequantizes to); None where that cannot be written."""
+    anchor = act.dq if src is act.float_value else src.producer()
+    for k, node in enumerate(act.moves):
+        inputs, attributes = [src, *node.inputs[1:]], dict(node.attributes.items())
+        if _is(node, "Pad"):
+            if act.scale is None:
+                return None
+            code = np.asarray(constant_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None
+                              else attributes["value"].as_float() if "value" in attributes else 0)
+            value = np.float32((float(code.reshape(-1)[0]) - act.zero_point) * np.float32(act.scale))
+            if len(node.inputs) > 2 or "value" not in attributes and len(node.inputs) > 1:
+                name = f"{act.name}/bypass_pad_value_{k}"
+                const = ir.Value(name=name, const_value=ir.Tensor(np.array(value, np.float32), name=name))
+                graph.register_initializer(const)
+                inputs = [src, node.inputs[1], const, *node.inputs[3:]]
+            else:
+                attributes["value"] = ir.AttrFloat32("value", float(value))
+        moved = ir.node(node.op_type, inputs, attributes, domain=node.domain, name=f"{act.name}/bypass_{node.op_type}_{k}")
+        moved.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        moved.outputs[0].name = f"{moved.name}_output"
+        graph.insert_after(anchor, moved)
+        anchor, src = moved, moved.outputs[0]
+    return src
+
+
 def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
     """Remove an activation quantizer: its readers read the float tensor again (clamped to the
     quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped; through the clipped
-    affine map a rescaling pair computes, ``_rescaled``)."""
+    affine map a rescaling pair computes, ``_rescaled``; moved as its codes are, ``_moved``)."""
     out = act.dq.outputs[0]
     if act.q_params is not None and act.rescaled_range is not None:
         src = _rescaled(graph, act)
     else:
         src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
+    if act.moves:
+        src = _moved(graph, act, src)
+        if src is None:
+            return  # kept as it is
     for i, o in enumerate(graph.outputs):
         if o is out:
             if src.is_graph_output() or src.is_graph_input():
@@ -618,10 +742,24 @@ def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> N
             graph.remove(node, safe=True)
 
 
+def as_read(w: WeightQuantizer, array: np.ndarray) -> np.ndarray:
+    """The float ``array`` in the shape the layer reads: where rewrite-eval widened the layer (zero channels: a
+    depthwise Conv's channels padded to 16, a stem's input channels to 4, a narrow Conv's outputs to 16), the
+    float values in the leading block and the quantized weight's own (zero) values elsewhere."""
+    deq = w.dequantized()
+    if deq is None or deq.shape == array.shape or deq.ndim != array.ndim \
+            or any(d < a for d, a in zip(deq.shape, array.shape)):
+        return array
+    out = deq.copy()
+    out[tuple(slice(0, a) for a in array.shape)] = array
+    return out
+
+
 def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
     """``w.layer`` reads the float weight; other layers sharing the quantizer keep it (a shared weight)."""
     name = f"{w.name}/float"
     value = graph.initializers.get(name)
+    array = as_read(w, array)
     if value is None:  # a weight shared by several layers gets one float copy
         value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
         graph.register_initializer(value)
@@ -643,7 +781,7 @@ def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
     """
     owned: dict[int, set[str]] = {id(n): set() for n in quantized.layers()}  # in graph order, not by address
     layers = owned.keys()
-    for act in quantized.activations:
+    for act in quantized.activations + quantized.moved:
         readers = [u for u, i in _uses(act.output) if id(u) in layers and i == 0]
         if readers:
             for r in readers:
@@ -701,7 +839,7 @@ def single_layer_model(
         if array is None:
             return None, f"no float value for '{w.name}' (its layer is not in the float model)"
         _to_float(graph, w, array)
-    for act in quantized.activations:
+    for act in quantized.activations + quantized.moved:
         if act.name not in owned:
-            _bypass(graph, act, act.name in clamping)
+            _bypass(graph, act, act.name in clamping or _clamping_source(act, quantized, clamping))
     return copy, ""
