@@ -328,8 +328,9 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     f_folded = ref.folded(q_graph)
     float_arrays = g.float_weights(f_folded, qg, ref.model.graph) if f_folded is not None else {w.name: None for w in qg.weights}
     layer_of = g.quantizer_layers(qg)
-    acc = QuantizedAcc(q.name, None, quantized=q,
-                       weights=_weights(qg, float_arrays, g.lstm_weights(q_graph, ref.model.graph)))
+    lstms = g.lstm_weights(q_graph, ref.model.graph)
+    acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays, lstms))
+    float_arrays = {**float_arrays, **g.lstm_float_arrays(lstms)}  # single-layer models read the LSTMs in float
     acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:
@@ -355,7 +356,7 @@ def _single_layer_models(q: QuantizedModel, qg: g.QuantizedGraph, f_folded, floa
         notes.append("sensitivity: the float model could not be folded like the quantized one")
     out = []
     clamping = g.clamping_quantizers(qg)
-    for layer in qg.layers():
+    for layer in qg.layers() + g.dynamic_lstms(q.model.model.graph):
         single, why = g.single_layer_model(q.model.model, layer.name, float_arrays, clamping)
         if single is None:
             notes.append(f"sensitivity: layer '{layer.name}' skipped: {why}")

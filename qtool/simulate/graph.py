@@ -173,6 +173,50 @@ def _float_lstm(node: ir.Node, lstms: dict[str, ir.Node]) -> ir.Node | None:
     return next(iter(lstms.values())) if len(lstms) == 1 else None
 
 
+def _lstm_base(node: ir.Node) -> str:
+    return node.name.rsplit("/", 1)[0] if node.name and "/" in node.name else (node.name or "DynamicQuantizeLSTM")
+
+
+def dynamic_lstms(graph: ir.Graph) -> list[ir.Node]:
+    """The ``com.microsoft.DynamicQuantizeLSTM`` nodes of ``graph`` (layers of their own for ``--sensitivity``)."""
+    return [n for n in graph if n.domain == "com.microsoft" and n.op_type == "DynamicQuantizeLSTM"]
+
+
+def lstm_float_arrays(lstms: list[LstmWeight]) -> dict[str, np.ndarray | None]:
+    """``W`` / ``R`` float values by name (``<base>/W``), for :func:`single_layer_model`."""
+    return {w.name: w.float_value for w in lstms}
+
+
+def _lstm_to_float(graph: ir.Graph, node: ir.Node, float_arrays: dict[str, np.ndarray | None]) -> str:
+    """A DynamicQuantizeLSTM replaced by the float ``LSTM`` it quantizes (its float ``W`` and ``R``, its float
+    bias, states and peepholes, the same attributes); a reason when it cannot be."""
+    base = _lstm_base(node)
+    arrays = [float_arrays.get(f"{base}/{what}") for what in ("W", "R")]
+    if any(a is None or np.asarray(a).dtype != np.float32 for a in arrays):
+        return f"no float value for the LSTM '{base}'"
+    inputs = list(node.inputs[:8])
+    for index, (what, array) in enumerate(zip(("W", "R"), arrays), start=1):
+        name = f"{base}/{what}/float"
+        value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
+        graph.register_initializer(value)
+        inputs[index] = value
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    lstm = ir.node("LSTM", inputs, dict(node.attributes.items()), num_outputs=len(node.outputs),
+                   name=f"{base}/float_LSTM")
+    graph.insert_before(node, lstm)
+    for old, new in zip(node.outputs, lstm.outputs):
+        new.type, new.shape = old.type, old.shape
+        name, old.name = old.name, None
+        new.name = name
+        for i, o in enumerate(graph.outputs):
+            if o is old:
+                graph.outputs[i] = new
+        old.replace_all_uses_with(new)
+    graph.remove(node, safe=True)
+    return ""
+
+
 def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
     """The int8 weights of every DynamicQuantizeLSTM of ``q_graph``, dequantized as the kernel reads them,
     with the float weights they stand for."""
@@ -182,7 +226,7 @@ def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
         if node.domain != "com.microsoft" or node.op_type != "DynamicQuantizeLSTM":
             continue
         f = _float_lstm(node, lstms)
-        base = node.name.rsplit("/", 1)[0] if node.name and "/" in node.name else (node.name or "DynamicQuantizeLSTM")
+        base = _lstm_base(node)
         for index, what, params in ((1, "W", 8), (2, "R", 10)):
             codes, scale, zero = (constant_array(node.inputs[i]) if i < len(node.inputs) else None
                                   for i in (index, params, params + 1))
@@ -824,9 +868,19 @@ def single_layer_model(
     """
     copy = model.clone()  # shares the tensors
     graph = copy.graph
-    quantized = find_quantizers(graph)
     layer, owned = None, set()
-    if layer_name is not None:
+    lstms = dynamic_lstms(graph)
+    for lstm in lstms:
+        if lstm.name != layer_name:
+            why = _lstm_to_float(graph, lstm, float_arrays)
+            if why:
+                return None, why
+    quantized = find_quantizers(graph)  # after the LSTMs: the quantizers of their outputs read the float LSTMs'
+    if layer_name is not None and any(n.name == layer_name for n in lstms):
+        layer = next(n for n in lstms if n.name == layer_name)
+        owned = {a.name for a in quantized.activations + quantized.moved
+                 if any(u is layer and i == 0 for u, i in _uses(a.output))}
+    elif layer_name is not None:
         layers = {n.name: n for n in quantized.layers()}
         layer = layers.get(layer_name)
         if layer is None:
