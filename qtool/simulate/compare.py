@@ -330,7 +330,8 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     layer_of = g.quantizer_layers(qg)
     lstms = g.lstm_weights(q_graph, ref.model.graph)
     acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays, lstms))
-    float_arrays = {**float_arrays, **g.lstm_float_arrays(lstms)}  # single-layer models read the LSTMs in float
+    # single-layer models read the LSTMs and the quantized constants of other ops in float too
+    float_arrays = {**float_arrays, **g.lstm_float_arrays(lstms), **g.float_constants(ref.model.graph, qg)}
     acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:

@@ -247,6 +247,9 @@ class QuantizedGraph:
     # activation quantizers whose codes are moved into another shape before their DequantizeLinear (a stem's
     # input padded to 4 channels, a gate tiled): nothing to compare, but undone in single-layer models
     moved: list[ActivationQuantizer] = field(default_factory=list)
+    # DequantizeLinear nodes of constants no layer reads as its weight (onnxruntime's quantizer quantizes embedding
+    # tables, LayerNorm scales, Add/Mul operands): (name, DequantizeLinear, the QuantizeLinear of a float constant)
+    constants: list[tuple[str, ir.Node, ir.Node | None]] = field(default_factory=list)
 
     def layers(self) -> list[ir.Node]:
         seen: dict[int, ir.Node] = {}
@@ -386,6 +389,7 @@ def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
         for user, index in users:
             result.weights.append(WeightQuantizer(quantizer_name(node), node, user, index, q))
         if not users:
+            result.constants.append((quantizer_name(node), node, q))
             readers = ", ".join(sorted({u.op_type for u, _ in _uses(node.outputs[0])})) or "nothing"
             result.skipped.append((quantizer_name(node), (q.inputs[0] if q else x).name or "?",
                                    f"a constant read by {readers} (not a layer's weight or bias)"))
@@ -610,6 +614,36 @@ def float_weights(
     return out
 
 
+CONSTANT_KEY = "constant:"  # float_arrays' key prefix of the constants no layer reads as its weight
+
+
+def float_constants(f_graph: ir.Graph, quantized: QuantizedGraph) -> dict[str, np.ndarray]:
+    """The float value of each quantized constant that no layer reads as its weight (``quantized.constants``), keyed
+    ``constant:<name>``: the float constant its QuantizeLinear reads; else the float model's input of the node that
+    reads it (same name and op, same input); else the float tensor its codes are named after (onnxruntime's
+    ``<name>_quantized``). Only a float32 value of the dequantized shape."""
+    nodes = {n.name: n for n in f_graph if n.name}
+    values = value_index(f_graph)
+    out = {}
+    for name, dq, q in quantized.constants:
+        deq = dequantize_constant(dq, quantize_constant(q) if q is not None else None)
+        if deq is None:
+            continue
+        found = [constant_array(q.inputs[0])] if q is not None else []
+        for user, index in _uses(dq.outputs[0]):
+            f = nodes.get(user.name)
+            if f is not None and f.op_type == user.op_type and index < len(f.inputs) and f.inputs[index] is not None:
+                found.append(constant_array(f.inputs[index]))
+        codes = dq.inputs[0].name or ""
+        if codes.endswith("_quantized") and codes[: -len("_quantized")] in values:
+            found.append(constant_array(values[codes[: -len("_quantized")]]))
+        for arr in found:
+            if arr is not None and np.asarray(arr).dtype == np.float32 and np.shape(arr) == deq.shape:
+                out[CONSTANT_KEY + name] = np.asarray(arr)
+                break
+    return out
+
+
 def _codes_producer(layer: ir.Node) -> ir.Node | None:
     """The op between the layer's input DequantizeLinear and its codes, if any."""
     dq = layer.inputs[0].producer() if layer.inputs and layer.inputs[0] is not None else None
@@ -799,6 +833,21 @@ def as_read(w: WeightQuantizer, array: np.ndarray) -> np.ndarray:
     return out
 
 
+def _replace_output(graph: ir.Graph, dq: ir.Node, value: ir.Value) -> None:
+    """Every reader of ``dq``'s output reads ``value`` (a graph output becomes an Identity of it); ``dq`` goes."""
+    out = dq.outputs[0]
+    for i, o in enumerate(graph.outputs):
+        if o is out:
+            ident = ir.node("Identity", [value], name=f"{dq.name}/float")
+            name, out.name = out.name, None
+            ident.outputs[0].name, ident.outputs[0].type = name, ir.TensorType(ir.DataType.FLOAT)
+            graph.insert_after(dq, ident)
+            graph.outputs[i] = ident.outputs[0]
+    out.replace_all_uses_with(value)
+    if not any(o.uses() or o.is_graph_output() for o in dq.outputs):
+        graph.remove(dq, safe=True)
+
+
 def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
     """``w.layer`` reads the float weight; other layers sharing the quantizer keep it (a shared weight)."""
     name = f"{w.name}/float"
@@ -893,6 +942,12 @@ def single_layer_model(
         if array is None:
             return None, f"no float value for '{w.name}' (its layer is not in the float model)"
         _to_float(graph, w, array)
+    for name, dq, _ in quantized.constants:
+        array = float_arrays.get(CONSTANT_KEY + name)
+        if array is not None:
+            value = ir.Value(name=f"{name}/float", const_value=ir.Tensor(np.ascontiguousarray(array), name=f"{name}/float"))
+            graph.register_initializer(value)
+            _replace_output(graph, dq, value)
     for act in quantized.activations + quantized.moved:
         if act.name not in owned:
             _bypass(graph, act, act.name in clamping or _clamping_source(act, quantized, clamping))
