@@ -183,27 +183,28 @@ def dynamic_lstms(graph: ir.Graph) -> list[ir.Node]:
 
 
 def lstm_float_arrays(lstms: list[LstmWeight]) -> dict[str, np.ndarray | None]:
-    """``W`` / ``R`` float values by name (``<base>/W``), for :func:`single_layer_model`."""
-    return {w.name: w.float_value for w in lstms}
+    """``W`` / ``R`` float values keyed ``lstm:<node>/W`` (by node: two quantized LSTMs of one scope share a
+    ``base``), for :func:`single_layer_model`."""
+    return {f"lstm:{w.node.name}/{'W' if w.index == 1 else 'R'}": w.float_value for w in lstms}
 
 
 def _lstm_to_float(graph: ir.Graph, node: ir.Node, float_arrays: dict[str, np.ndarray | None]) -> str:
     """A DynamicQuantizeLSTM replaced by the float ``LSTM`` it quantizes (its float ``W`` and ``R``, its float
     bias, states and peepholes, the same attributes); a reason when it cannot be."""
     base = _lstm_base(node)
-    arrays = [float_arrays.get(f"{base}/{what}") for what in ("W", "R")]
+    arrays = [float_arrays.get(f"lstm:{node.name}/{what}") for what in ("W", "R")]
     if any(a is None or np.asarray(a).dtype != np.float32 for a in arrays):
         return f"no float value for the LSTM '{base}'"
     inputs = list(node.inputs[:8])
     for index, (what, array) in enumerate(zip(("W", "R"), arrays), start=1):
-        name = f"{base}/{what}/float"
+        name = f"{node.name}/{what}/float"
         value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
         graph.register_initializer(value)
         inputs[index] = value
     while inputs and inputs[-1] is None:
         inputs.pop()
     lstm = ir.node("LSTM", inputs, dict(node.attributes.items()), num_outputs=len(node.outputs),
-                   name=f"{base}/float_LSTM")
+                   name=f"{node.name}/float")
     graph.insert_before(node, lstm)
     for old, new in zip(node.outputs, lstm.outputs):
         new.type, new.shape = old.type, old.shape
@@ -423,7 +424,8 @@ class FloatIndex:
         self.q_nodes = quantized_node_names
 
     def follow_folds(self, value: ir.Value, name: str | None = None) -> ir.Value:
-        """Past the batch norms (and their bias Adds) the quantized model no longer has.
+        """Past the batch norms (and their bias Adds, and the constant Mul / Sub / Div onnxruntime's pre-processing
+        folds into a Conv: ``ConvMulFusion``) the quantized model no longer has.
 
         When the quantized tensor's ``name`` is found further along, through
         nodes the quantized model also lost (an activation fused into the
@@ -439,9 +441,11 @@ class FloatIndex:
             if len(uses) != 1 or value.is_graph_output():
                 break
             user = uses[0][0]
-            if user.name in self.q_nodes or not _is(user, *_FUSED_AFTER_LAYER) or not user.outputs:
+            affine = _is(user, "Mul", "Sub", "Div") and all(v is value or constant_array(v) is not None
+                                                             for v in user.inputs if v is not None)
+            if user.name in self.q_nodes or not (affine or _is(user, *_FUSED_AFTER_LAYER)) or not user.outputs:
                 break
-            if folded is None and not _is(user, "BatchNormalization", "Add"):
+            if folded is None and not affine and not _is(user, "BatchNormalization", "Add"):
                 folded = value  # batch norms and bias Adds end here
             value = user.outputs[0]
         return folded if folded is not None else value
@@ -560,8 +564,8 @@ def _float_layer(layer: ir.Node, nodes: dict[str, ir.Node], values: dict[str, ir
             p = v.producer() if v is not None else None
             if p is None:
                 break
-            if p.op_type == layer.op_type:
-                return p
+            if p.op_type == layer.op_type or {p.op_type, layer.op_type} == {"Gemm", "MatMul"}:
+                return p  # (onnxruntime's pre-processing fuses a MatMul and its batch norm into a Gemm)
             if p.op_type not in _FUSED_AFTER_LAYER or not p.inputs:
                 break
             v = p.inputs[0]
@@ -602,7 +606,9 @@ def float_weights(
             before = _float_layer(w.layer, *unfolded)
             layer = nodes.get(before.name) if before is not None else None
         arr = None
-        if layer is not None and w.index < len(layer.inputs):
+        if layer is not None and _is(layer, "MatMul") and _is(w.layer, "Gemm"):
+            arr = _matmul_as_gemm(w, layer)
+        elif layer is not None and w.index < len(layer.inputs):
             arr = constant_array(layer.inputs[w.index])
             if arr is not None:
                 arr = _space_to_depth_form(w, layer, np.asarray(arr))
@@ -642,6 +648,19 @@ def float_constants(f_graph: ir.Graph, quantized: QuantizedGraph) -> dict[str, n
                 out[CONSTANT_KEY + name] = np.asarray(arr)
                 break
     return out
+
+
+def _matmul_as_gemm(w: WeightQuantizer, matmul: ir.Node) -> np.ndarray | None:
+    """A float MatMul's weight (or its bias Add's constant) as the Gemm that stands for it reads it."""
+    if w.index == 1:
+        arr = constant_array(matmul.inputs[1]) if len(matmul.inputs) > 1 and matmul.inputs[1] is not None else None
+        if arr is not None and arr.ndim == 2 and w.layer.attributes.get_int("transB", 0):
+            arr = arr.T
+        return arr
+    adds = [u for u, _ in _uses(matmul.outputs[0]) if _is(u, "Add")]
+    consts = [constant_array(v) for a in adds for v in a.inputs if v is not matmul.outputs[0] and v is not None]
+    consts = [c for c in consts if c is not None]
+    return consts[0] if len(consts) == 1 else None
 
 
 def _codes_producer(layer: ir.Node) -> ir.Node | None:
@@ -684,15 +703,8 @@ def _rewritten_layer_form(w: WeightQuantizer, nodes: dict[str, ir.Node]) -> np.n
             continue
         if float_op == "AveragePool":
             arr = codes  # 1/n (a power of two) is exact
-        elif float_op == "MatMul" and w.index == 1:
-            arr = constant_array(f.inputs[1]) if len(f.inputs) > 1 and f.inputs[1] is not None else None
-            if arr is not None and arr.ndim == 2 and layer.attributes.get_int("transB", 0):
-                arr = arr.T
         elif float_op == "MatMul":
-            adds = [u for u, _ in _uses(f.outputs[0]) if _is(u, "Add")]
-            consts = [constant_array(v) for a in adds for v in a.inputs if v is not f.outputs[0] and v is not None]
-            consts = [c for c in consts if c is not None]
-            arr = consts[0] if len(consts) == 1 else None
+            arr = _matmul_as_gemm(w, f)
         else:
             w_float = constant_array(f.inputs[1]) if len(f.inputs) > 1 and f.inputs[1] is not None else None
             strides = list(f.attributes.get_ints("strides", [1, 1]))
@@ -787,6 +799,23 @@ def _moved(graph: ir.Graph, act: ActivationQuantizer, src: ir.Value) -> ir.Value
     return src
 
 
+def _drops_negatives(act: ActivationQuantizer) -> bool:
+    """The quantizer's grid starts at 0 (its zero point is the grid's low end) and no Relu / Clip writes its input:
+    it may stand for a Relu the quantized model dropped that no float counterpart showed (onnxruntime's
+    pre-processing moved a Transpose across it and renamed the tensor); a float tensor calibrated to start at 0
+    loses nothing to a Relu either."""
+    return (act.representable is not None and act.representable[0] == 0.0 and act.grid is not None
+            and act.zero_point == act.grid[0] and not _is(act.float_value.producer(), "Relu", "Clip"))
+
+
+def _relu(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
+    relu = ir.node("Relu", [act.float_value], name=f"{act.name}/bypass_relu")
+    relu.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    relu.outputs[0].name = f"{act.name}/bypass_relu_output"
+    graph.insert_after(act.dq, relu)
+    return relu.outputs[0]
+
+
 def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
     """Remove an activation quantizer: its readers read the float tensor again (clamped to the
     quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped; through the clipped
@@ -794,8 +823,12 @@ def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> N
     out = act.dq.outputs[0]
     if act.q_params is not None and act.rescaled_range is not None:
         src = _rescaled(graph, act)
+    elif clamp and act.representable is not None:
+        src = _clamp(graph, act)
+    elif _drops_negatives(act):
+        src = _relu(graph, act)
     else:
-        src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
+        src = act.float_value
     if act.moves:
         src = _moved(graph, act, src)
         if src is None:
