@@ -512,8 +512,16 @@ def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedG
         act.counterpart, act.how = index.counterpart(act, q_graph)
         fv = index.values.get(act.counterpart) if act.counterpart else None
         fp, qp = (fv.producer() if fv is not None else None), act.float_value.producer()
-        act.clamps = _is(fp, "Relu", "Clip") and not _is(qp, "Relu", "Clip")
+        act.clamps = not _is(qp, "Relu", "Clip") and (_is(fp, "Relu", "Clip") or _read_by_dropped_clamp(fv, index))
         act.bound = _readers_saturate(ctx, fv) if fv is not None else None
+
+
+def _read_by_dropped_clamp(value: ir.Value | None, index: FloatIndex) -> bool:
+    """The float tensor's one reader is a Relu / Clip the quantized model does not have (onnxruntime's
+    pre-processing moved a Transpose across it, and the quantized tensor is named neither like its input nor its
+    output)."""
+    uses = _uses(value) if value is not None and not value.is_graph_output() else []
+    return len(uses) == 1 and _is(uses[0][0], "Relu", "Clip") and uses[0][0].name not in index.q_nodes
 
 
 def _readers_saturate(ctx, value: ir.Value) -> tuple[float, float] | None:
@@ -799,23 +807,6 @@ def _moved(graph: ir.Graph, act: ActivationQuantizer, src: ir.Value) -> ir.Value
     return src
 
 
-def _drops_negatives(act: ActivationQuantizer) -> bool:
-    """The quantizer's grid starts at 0 (its zero point is the grid's low end) and no Relu / Clip writes its input:
-    it may stand for a Relu the quantized model dropped that no float counterpart showed (onnxruntime's
-    pre-processing moved a Transpose across it and renamed the tensor); a float tensor calibrated to start at 0
-    loses nothing to a Relu either."""
-    return (act.representable is not None and act.representable[0] == 0.0 and act.grid is not None
-            and act.zero_point == act.grid[0] and not _is(act.float_value.producer(), "Relu", "Clip"))
-
-
-def _relu(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
-    relu = ir.node("Relu", [act.float_value], name=f"{act.name}/bypass_relu")
-    relu.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
-    relu.outputs[0].name = f"{act.name}/bypass_relu_output"
-    graph.insert_after(act.dq, relu)
-    return relu.outputs[0]
-
-
 def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
     """Remove an activation quantizer: its readers read the float tensor again (clamped to the
     quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped; through the clipped
@@ -825,8 +816,6 @@ def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> N
         src = _rescaled(graph, act)
     elif clamp and act.representable is not None:
         src = _clamp(graph, act)
-    elif _drops_negatives(act):
-        src = _relu(graph, act)
     else:
         src = act.float_value
     if act.moves:
@@ -954,9 +943,7 @@ def single_layer_model(
     lstms = dynamic_lstms(graph)
     for lstm in lstms:
         if lstm.name != layer_name:
-            why = _lstm_to_float(graph, lstm, float_arrays)
-            if why:
-                return None, why
+            _lstm_to_float(graph, lstm, float_arrays)  # without its float weights, it stays quantized
     quantized = find_quantizers(graph)  # after the LSTMs: the quantizers of their outputs read the float LSTMs'
     if layer_name is not None and any(n.name == layer_name for n in lstms):
         layer = next(n for n in lstms if n.name == layer_name)
