@@ -42,6 +42,7 @@ from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
 from qtool.model.constants import constant_array
 from qtool.model.graph import GraphView
+from qtool.model.weight_expressions import ExpressionFolder
 from qtool.onnx_rewrite.placement.integer import saturation_bound
 
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
@@ -222,6 +223,7 @@ def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
     """The int8 weights of every DynamicQuantizeLSTM of ``q_graph``, dequantized as the kernel reads them,
     with the float weights they stand for."""
     lstms = {n.name or "": n for n in f_graph if _is(n, "LSTM")}
+    folder = ExpressionFolder(f_graph.opset_imports.get("", 13))
     out = []
     for node in q_graph:
         if node.domain != "com.microsoft" or node.op_type != "DynamicQuantizeLSTM":
@@ -235,7 +237,10 @@ def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
             if codes is not None and scale is not None and codes.ndim == 3:
                 zero = np.zeros(scale.shape, np.int8) if zero is None else zero
                 deq = DynamicLstmWeight(codes, scale.astype(np.float32), zero, None).dequantized()
-            ref = constant_array(f.inputs[index]) if f is not None and index < len(f.inputs) else None
+            ref = None
+            if f is not None and index < len(f.inputs):  # a constant, or computed from constants (OpenVINO's
+                ref = constant_array(f.inputs[index])     # Unsqueeze of each weight)
+                ref = folder.value(f.inputs[index]) if ref is None else ref
             out.append(LstmWeight(f"{base}/{what}", node, f.name if f is not None else base, index, deq, ref))
     return out
 
