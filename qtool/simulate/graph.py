@@ -613,6 +613,7 @@ def float_weights(
     values = value_index(f_folded)
     unfolded = ({n.name: n for n in f_graph if n.name}, value_index(f_graph)) if f_graph is not None else None
     out: dict[str, np.ndarray | None] = {}
+    folder = ExpressionFolder(f_folded.opset_imports.get("", 13))
     for w in quantized.weights:
         layer = _float_layer(w.layer, nodes, values)
         if layer is None and unfolded is not None:
@@ -623,6 +624,8 @@ def float_weights(
             arr = _matmul_as_gemm(w, layer)
         elif layer is not None and w.index < len(layer.inputs):
             arr = constant_array(layer.inputs[w.index])
+            if arr is None:  # computed from constants (tf2onnx's Reshape of a constant by a Concat of shapes)
+                arr = folder.value(layer.inputs[w.index])
             if arr is not None:
                 arr = _space_to_depth_form(w, layer, np.asarray(arr))
         elif layer is None:
