@@ -330,7 +330,6 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     layer_of = g.quantizer_layers(qg)
     lstms = g.lstm_weights(q_graph, ref.model.graph)
     acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays, lstms))
-    float_arrays = _single_layer_arrays(float_arrays, lstms, ref, qg)
     acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:
@@ -346,7 +345,8 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     extra = [values[name] for name in dict.fromkeys(t.read for t in acc.tensors) if name in readable]
     acc.runner = Runner(q.name, output, q.model.model, q.model.path, extra, dtypes)
     if sensitivity:
-        acc.sensitivity = _single_layer_models(q, qg, f_folded, float_arrays, output, acc.notes)
+        acc.sensitivity = _single_layer_models(q, qg, f_folded, _single_layer_arrays(float_arrays, lstms, ref, qg),
+                                               output, acc.notes)
     return acc
 
 

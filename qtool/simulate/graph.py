@@ -25,7 +25,15 @@ model ``rewrite_eval`` made in memory and for a file given with
 - **single-layer models** (for ``--sensitivity``): a copy of the quantized
   model with every quantizer removed except one layer's (its weight and
   bias, the activation quantizers it reads, and the quantizers after it that
-  no layer reads directly, such as a final output's).
+  no layer reads directly, such as a final output's; a ``DynamicQuantizeLSTM``
+  is a layer of its own). Removing every quantizer must give back the float
+  model, so each form a tool writes is undone as what it computes: a float
+  weight in the form the layer reads (widened channels, a SpaceToDepth stem,
+  a ConvTranspose's phases, a MatMul's Gemm, a pool's depthwise Conv), codes
+  moved between Q and DQ (``Pad``, ``Tile``, ``SpaceToDepth``, ``Slice``) moved
+  in float, a rescaling pair as its affine map, a DynamicQuantizeLSTM as the
+  float LSTM, other quantized constants (embedding tables, LayerNorm scales)
+  as their float values (``benchmarks/sensitivity_check.py`` checks it).
 """
 
 from __future__ import annotations
