@@ -52,6 +52,8 @@ from qtool.model.constants import constant_array
 from qtool.model.graph import GraphView
 from qtool.model.weight_expressions import ExpressionFolder
 from qtool.onnx_rewrite.placement.integer import saturation_bound
+from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
+from qtool.onnx_rewrite.transposed_convs import phase_weight
 
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
 _FUSED_AFTER_LAYER = ("Relu", "Clip", "BatchNormalization", "Add", "LeakyRelu", "Sigmoid", "HardSigmoid")
@@ -698,8 +700,6 @@ def _codes_producer(layer: ir.Node) -> ir.Node | None:
 def _space_to_depth_form(w: WeightQuantizer, layer: ir.Node, arr: np.ndarray) -> np.ndarray:
     """A stride-2 stem's float weight as rewrite-eval's stride-1 Conv on the input's SpaceToDepth reads it
     (``kernel_forms.space_to_depth_conv``: the same taps at their phases), when the quantized layer is that."""
-    from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
-
     if w.index != 1 or arr.ndim != 4 or not _is(_codes_producer(w.layer), "SpaceToDepth"):
         return arr
     attrs = layer.attributes
@@ -715,8 +715,6 @@ def _rewritten_layer_form(w: WeightQuantizer, nodes: dict[str, ir.Node]) -> np.n
     ``<MatMul>/gemm/Gemm`` (``linear_gemms``: the MatMul's weight, its bias Add's constant), ``<ConvTranspose>/Conv``
     (``transposed_convs``: the phase weight, the bias repeated per phase), ``<AveragePool>/depthwise/Conv``
     (``kernel_forms.pools_as_depthwise``: weights 1/n, exact in int8)."""
-    from qtool.onnx_rewrite.transposed_convs import phase_weight
-
     name, layer = w.layer.name or "", w.layer
     codes = w.dequantized()
     arr = None
