@@ -328,8 +328,8 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     f_folded = ref.folded(q_graph)
     float_arrays = g.float_weights(f_folded, qg, ref.model.graph) if f_folded is not None else {w.name: None for w in qg.weights}
     layer_of = g.quantizer_layers(qg)
-    acc = QuantizedAcc(q.name, None, quantized=q,
-                       weights=_weights(qg, float_arrays, g.lstm_weights(q_graph, ref.model.graph)))
+    lstms = g.lstm_weights(q_graph, ref.model.graph)
+    acc = QuantizedAcc(q.name, None, quantized=q, weights=_weights(qg, float_arrays, lstms))
     acc.unmatched += [Unmatched(name, tensor, why) for name, tensor, why in qg.skipped]
     for act in qg.activations:
         if act.counterpart is None:
@@ -345,8 +345,33 @@ def plan_model(q: QuantizedModel, ref: FloatReference, output: str, sensitivity:
     extra = [values[name] for name in dict.fromkeys(t.read for t in acc.tensors) if name in readable]
     acc.runner = Runner(q.name, output, q.model.model, q.model.path, extra, dtypes)
     if sensitivity:
-        acc.sensitivity = _single_layer_models(q, qg, f_folded, float_arrays, output, acc.notes)
+        acc.sensitivity = _single_layer_models(q, qg, f_folded, _single_layer_arrays(float_arrays, lstms, ref, qg),
+                                               output, acc.notes)
     return acc
+
+
+def _single_layer_arrays(float_arrays: dict, lstms: list[g.LstmWeight], ref: FloatReference,
+                         qg: g.QuantizedGraph) -> dict:
+    """What single-layer models read in float: the weights, and the LSTMs' and the other quantized constants'."""
+    return {**float_arrays, **g.lstm_float_arrays(lstms), **g.float_constants(ref.model.graph, qg)}
+
+
+def no_quantizer_model(quantized: ir.Model, float_model: ir.Model) -> tuple[ir.Model | None, str]:
+    """The quantized model with every quantizer undone as ``--sensitivity``'s single-layer models undo all but one
+    layer's: it computes the float model's values (to float rounding) when every form is undone right; (None, why)
+    when it cannot be built. Reads copies of both models."""
+    q = quantized.clone()
+    q_graph = q.graph
+    ref = FloatReference(float_model.clone())
+    g.name_unnamed_layers(q_graph)
+    qg = g.find_quantizers(q_graph)
+    g.map_counterparts(q_graph, ref.model.graph, qg)
+    f_folded = ref.folded(q_graph)
+    if f_folded is None:
+        return None, "the float model could not be folded like the quantized one"
+    arrays = _single_layer_arrays(g.float_weights(f_folded, qg, ref.model.graph),
+                                  g.lstm_weights(q_graph, ref.model.graph), ref, qg)
+    return g.single_layer_model(q, None, arrays, g.clamping_quantizers(qg))
 
 
 def _single_layer_models(q: QuantizedModel, qg: g.QuantizedGraph, f_folded, float_arrays, output: str,
@@ -355,7 +380,7 @@ def _single_layer_models(q: QuantizedModel, qg: g.QuantizedGraph, f_folded, floa
         notes.append("sensitivity: the float model could not be folded like the quantized one")
     out = []
     clamping = g.clamping_quantizers(qg)
-    for layer in qg.layers():
+    for layer in qg.layers() + g.dynamic_lstms(q.model.model.graph):
         single, why = g.single_layer_model(q.model.model, layer.name, float_arrays, clamping)
         if single is None:
             notes.append(f"sensitivity: layer '{layer.name}' skipped: {why}")

@@ -25,7 +25,15 @@ model ``rewrite_eval`` made in memory and for a file given with
 - **single-layer models** (for ``--sensitivity``): a copy of the quantized
   model with every quantizer removed except one layer's (its weight and
   bias, the activation quantizers it reads, and the quantizers after it that
-  no layer reads directly, such as a final output's).
+  no layer reads directly, such as a final output's; a ``DynamicQuantizeLSTM``
+  is a layer of its own). Removing every quantizer must give back the float
+  model, so each form a tool writes is undone as what it computes: a float
+  weight in the form the layer reads (widened channels, a SpaceToDepth stem,
+  a ConvTranspose's phases, a MatMul's Gemm, a pool's depthwise Conv), codes
+  moved between Q and DQ (``Pad``, ``Tile``, ``SpaceToDepth``, ``Slice``) moved
+  in float, a rescaling pair as its affine map, a DynamicQuantizeLSTM as the
+  float LSTM, other quantized constants (embedding tables, LayerNorm scales)
+  as their float values (``benchmarks/sensitivity_check.py`` checks it).
 """
 
 from __future__ import annotations
@@ -42,7 +50,10 @@ from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
 from qtool.model.constants import constant_array
 from qtool.model.graph import GraphView
+from qtool.model.weight_expressions import ExpressionFolder
 from qtool.onnx_rewrite.placement.integer import saturation_bound
+from qtool.onnx_rewrite.kernel_forms import space_to_depth_conv
+from qtool.onnx_rewrite.transposed_convs import phase_weight
 
 # nodes a tool may fuse into the layer before them (and so remove from the quantized model)
 _FUSED_AFTER_LAYER = ("Relu", "Clip", "BatchNormalization", "Add", "LeakyRelu", "Sigmoid", "HardSigmoid")
@@ -85,6 +96,17 @@ class ActivationQuantizer:
     # computes a clipped affine map of its input, not its input rounded (rewrite-eval's integer HardSigmoid gate:
     # Q(x + 3) on 6/255, read back on 1/255 as clip(x + 3, 0, 6) / 6)
     q_params: tuple[float, int] | None = None
+
+    @property
+    def moves(self) -> list[ir.Node]:
+        """The ops of the chain that move codes (:data:`_CODE_MOVES`), in graph order."""
+        return [n for n in self.nodes[1:-1] if _is(n, *_CODE_MOVES)]
+
+    @property
+    def reshapes(self) -> bool:
+        """Its codes reach the DequantizeLinear moved into another shape than its input's (all but a Slice that
+        crops a widened Conv's channels back): the DequantizeLinear's output is no longer the quantized input."""
+        return any(not _is(n, "Slice") for n in self.moves)
 
     @property
     def rescaled_range(self) -> tuple[float, float] | None:
@@ -162,16 +184,62 @@ def _float_lstm(node: ir.Node, lstms: dict[str, ir.Node]) -> ir.Node | None:
     return next(iter(lstms.values())) if len(lstms) == 1 else None
 
 
+def _lstm_base(node: ir.Node) -> str:
+    return node.name.rsplit("/", 1)[0] if node.name and "/" in node.name else (node.name or "DynamicQuantizeLSTM")
+
+
+def dynamic_lstms(graph: ir.Graph) -> list[ir.Node]:
+    """The ``com.microsoft.DynamicQuantizeLSTM`` nodes of ``graph`` (layers of their own for ``--sensitivity``)."""
+    return [n for n in graph if n.domain == "com.microsoft" and n.op_type == "DynamicQuantizeLSTM"]
+
+
+def lstm_float_arrays(lstms: list[LstmWeight]) -> dict[str, np.ndarray | None]:
+    """``W`` / ``R`` float values keyed ``lstm:<node>/W`` (by node: two quantized LSTMs of one scope share a
+    ``base``), for :func:`single_layer_model`."""
+    return {f"lstm:{w.node.name}/{'W' if w.index == 1 else 'R'}": w.float_value for w in lstms}
+
+
+def _lstm_to_float(graph: ir.Graph, node: ir.Node, float_arrays: dict[str, np.ndarray | None]) -> str:
+    """A DynamicQuantizeLSTM replaced by the float ``LSTM`` it quantizes (its float ``W`` and ``R``, its float
+    bias, states and peepholes, the same attributes); a reason when it cannot be."""
+    base = _lstm_base(node)
+    arrays = [float_arrays.get(f"lstm:{node.name}/{what}") for what in ("W", "R")]
+    if any(a is None or np.asarray(a).dtype != np.float32 for a in arrays):
+        return f"no float value for the LSTM '{base}'"
+    inputs = list(node.inputs[:8])
+    for index, (what, array) in enumerate(zip(("W", "R"), arrays), start=1):
+        name = f"{node.name}/{what}/float"
+        value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
+        graph.register_initializer(value)
+        inputs[index] = value
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    lstm = ir.node("LSTM", inputs, dict(node.attributes.items()), num_outputs=len(node.outputs),
+                   name=f"{node.name}/float")
+    graph.insert_before(node, lstm)
+    for old, new in zip(node.outputs, lstm.outputs):
+        new.type, new.shape = old.type, old.shape
+        name, old.name = old.name, None
+        new.name = name
+        for i, o in enumerate(graph.outputs):
+            if o is old:
+                graph.outputs[i] = new
+        old.replace_all_uses_with(new)
+    graph.remove(node, safe=True)
+    return ""
+
+
 def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
     """The int8 weights of every DynamicQuantizeLSTM of ``q_graph``, dequantized as the kernel reads them,
     with the float weights they stand for."""
     lstms = {n.name or "": n for n in f_graph if _is(n, "LSTM")}
+    folder = ExpressionFolder(f_graph.opset_imports.get("", 13))
     out = []
     for node in q_graph:
         if node.domain != "com.microsoft" or node.op_type != "DynamicQuantizeLSTM":
             continue
         f = _float_lstm(node, lstms)
-        base = node.name.rsplit("/", 1)[0] if node.name and "/" in node.name else (node.name or "DynamicQuantizeLSTM")
+        base = _lstm_base(node)
         for index, what, params in ((1, "W", 8), (2, "R", 10)):
             codes, scale, zero = (constant_array(node.inputs[i]) if i < len(node.inputs) else None
                                   for i in (index, params, params + 1))
@@ -179,7 +247,10 @@ def lstm_weights(q_graph: ir.Graph, f_graph: ir.Graph) -> list[LstmWeight]:
             if codes is not None and scale is not None and codes.ndim == 3:
                 zero = np.zeros(scale.shape, np.int8) if zero is None else zero
                 deq = DynamicLstmWeight(codes, scale.astype(np.float32), zero, None).dequantized()
-            ref = constant_array(f.inputs[index]) if f is not None and index < len(f.inputs) else None
+            ref = None
+            if f is not None and index < len(f.inputs):  # a constant, or computed from constants (OpenVINO's
+                ref = constant_array(f.inputs[index])     # Unsqueeze of each weight)
+                ref = folder.value(f.inputs[index]) if ref is None else ref
             out.append(LstmWeight(f"{base}/{what}", node, f.name if f is not None else base, index, deq, ref))
     return out
 
@@ -189,6 +260,12 @@ class QuantizedGraph:
     activations: list[ActivationQuantizer] = field(default_factory=list)
     weights: list[WeightQuantizer] = field(default_factory=list)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (quantizer, tensor, why not compared)
+    # activation quantizers whose codes are moved into another shape before their DequantizeLinear (a stem's
+    # input padded to 4 channels, a gate tiled): nothing to compare, but undone in single-layer models
+    moved: list[ActivationQuantizer] = field(default_factory=list)
+    # DequantizeLinear nodes of constants no layer reads as its weight (onnxruntime's quantizer quantizes embedding
+    # tables, LayerNorm scales, Add/Mul operands): (name, DequantizeLinear, the QuantizeLinear of a float constant)
+    constants: list[tuple[str, ir.Node, ir.Node | None]] = field(default_factory=list)
 
     def layers(self) -> list[ir.Node]:
         seen: dict[int, ir.Node] = {}
@@ -249,23 +326,29 @@ def _scalar_param(value: ir.Value | None, dtype=np.float32):
     return np.asarray(arr).reshape(()).astype(dtype)
 
 
+# ops that move codes between a QuantizeLinear and its DequantizeLinear (rewrite-eval's kernel forms: a widened Conv's
+# output codes sliced back to its channels, a stem's input codes padded to 4 channels or read through SpaceToDepth,
+# a squeeze-excite gate's codes tiled over the width); undoing the quantizer applies them to the float tensor
+_CODE_MOVES = ("Slice", "Pad", "Tile", "SpaceToDepth", "DepthToSpace", "Reshape", "Transpose", "Squeeze",
+               "Unsqueeze", "Flatten", "Expand", "Gather")
+
+
 def _chain_to_quantize(x: ir.Value) -> tuple[ir.Node | None, list[ir.Node], tuple[int, int] | None]:
-    """Back from a ``DequantizeLinear`` input through ``Clip``/``Cast``: (the ``QuantizeLinear``, the chain, grid)."""
+    """Back from a ``DequantizeLinear`` input through ``Clip``/``Cast`` and the ops that move codes
+    (:data:`_CODE_MOVES`): (the ``QuantizeLinear``, the chain, grid)."""
     chain: list[ir.Node] = []
     grid = None
     v = x
-    for _ in range(4):
+    for _ in range(6):
         p = v.producer()
         if p is None:
             break
         if _is(p, "QuantizeLinear"):
             return (p, chain, grid) if p.inputs and p.inputs[0] is not None else (None, chain, grid)
-        if _is(p, "Slice") and p.inputs and p.inputs[0] is not None and p.inputs[0].producer() is not None \
-                and _is(p.inputs[0].producer(), "QuantizeLinear"):
-            v = p.inputs[0]  # a narrow Conv's output codes sliced back to its channels (rewrite-eval widens it)
-            continue
-        if not (_is(p, "Clip", "Cast") and p.inputs and p.inputs[0] is not None):
+        if not (_is(p, "Clip", "Cast", *_CODE_MOVES) and p.inputs and p.inputs[0] is not None):
             break
+        if _is(p, *_CODE_MOVES) and any(constant_array(i) is None for i in p.inputs[1:] if i is not None):
+            break  # a shape computed at run time: not a fixed move of the codes
         if _is(p, "Clip") and len(p.inputs) >= 3:
             lo, hi = _scalar_param(p.inputs[1], np.int64), _scalar_param(p.inputs[2], np.int64)
             if lo is not None and hi is not None:
@@ -315,12 +398,14 @@ def find_quantizers(graph: ir.Graph) -> QuantizedGraph:
             if q is None:
                 continue
             if constant_array(q.inputs[0]) is None:
-                result.activations.append(_activation(node, q, chain, grid))
+                act = _activation(node, q, chain, grid)
+                (result.moved if act.reshapes else result.activations).append(act)
                 continue
         users = _weight_users(node)
         for user, index in users:
             result.weights.append(WeightQuantizer(quantizer_name(node), node, user, index, q))
         if not users:
+            result.constants.append((quantizer_name(node), node, q))
             readers = ", ".join(sorted({u.op_type for u, _ in _uses(node.outputs[0])})) or "nothing"
             result.skipped.append((quantizer_name(node), (q.inputs[0] if q else x).name or "?",
                                    f"a constant read by {readers} (not a layer's weight or bias)"))
@@ -354,7 +439,8 @@ class FloatIndex:
         self.q_nodes = quantized_node_names
 
     def follow_folds(self, value: ir.Value, name: str | None = None) -> ir.Value:
-        """Past the batch norms (and their bias Adds) the quantized model no longer has.
+        """Past the batch norms (and their bias Adds, and the constant Mul / Sub / Div onnxruntime's pre-processing
+        folds into a Conv: ``ConvMulFusion``) the quantized model no longer has.
 
         When the quantized tensor's ``name`` is found further along, through
         nodes the quantized model also lost (an activation fused into the
@@ -370,9 +456,11 @@ class FloatIndex:
             if len(uses) != 1 or value.is_graph_output():
                 break
             user = uses[0][0]
-            if user.name in self.q_nodes or not _is(user, *_FUSED_AFTER_LAYER) or not user.outputs:
+            affine = _is(user, "Mul", "Sub", "Div") and all(v is value or constant_array(v) is not None
+                                                             for v in user.inputs if v is not None)
+            if user.name in self.q_nodes or not (affine or _is(user, *_FUSED_AFTER_LAYER)) or not user.outputs:
                 break
-            if folded is None and not _is(user, "BatchNormalization", "Add"):
+            if folded is None and not affine and not _is(user, "BatchNormalization", "Add"):
                 folded = value  # batch norms and bias Adds end here
             value = user.outputs[0]
         return folded if folded is not None else value
@@ -439,8 +527,16 @@ def map_counterparts(q_graph: ir.Graph, f_graph: ir.Graph, quantized: QuantizedG
         act.counterpart, act.how = index.counterpart(act, q_graph)
         fv = index.values.get(act.counterpart) if act.counterpart else None
         fp, qp = (fv.producer() if fv is not None else None), act.float_value.producer()
-        act.clamps = _is(fp, "Relu", "Clip") and not _is(qp, "Relu", "Clip")
+        act.clamps = not _is(qp, "Relu", "Clip") and (_is(fp, "Relu", "Clip") or _read_by_dropped_clamp(fv, index))
         act.bound = _readers_saturate(ctx, fv) if fv is not None else None
+
+
+def _read_by_dropped_clamp(value: ir.Value | None, index: FloatIndex) -> bool:
+    """The float tensor's one reader is a Relu / Clip the quantized model does not have (onnxruntime's
+    pre-processing moved a Transpose across it, and the quantized tensor is named neither like its input nor its
+    output)."""
+    uses = _uses(value) if value is not None and not value.is_graph_output() else []
+    return len(uses) == 1 and _is(uses[0][0], "Relu", "Clip") and uses[0][0].name not in index.q_nodes
 
 
 def _readers_saturate(ctx, value: ir.Value) -> tuple[float, float] | None:
@@ -455,6 +551,11 @@ def _readers_saturate(ctx, value: ir.Value) -> tuple[float, float] | None:
     if None in bounds:
         return None
     return min(b[0] for b in bounds), max(b[1] for b in bounds)
+
+
+def _clamping_source(act: ActivationQuantizer, quantized: QuantizedGraph, clamping: set[str]) -> bool:
+    """A moved quantizer whose QuantizeLinear a clamping quantizer shares (the dropped Relu/Clip is its input's too)."""
+    return any(a.q is act.q and a.name in clamping for a in quantized.activations)
 
 
 def clamping_quantizers(quantized: QuantizedGraph) -> set[str]:
@@ -486,8 +587,8 @@ def _float_layer(layer: ir.Node, nodes: dict[str, ir.Node], values: dict[str, ir
             p = v.producer() if v is not None else None
             if p is None:
                 break
-            if p.op_type == layer.op_type:
-                return p
+            if p.op_type == layer.op_type or {p.op_type, layer.op_type} == {"Gemm", "MatMul"}:
+                return p  # (onnxruntime's pre-processing fuses a MatMul and its batch norm into a Gemm)
             if p.op_type not in _FUSED_AFTER_LAYER or not p.inputs:
                 break
             v = p.inputs[0]
@@ -522,20 +623,124 @@ def float_weights(
     values = value_index(f_folded)
     unfolded = ({n.name: n for n in f_graph if n.name}, value_index(f_graph)) if f_graph is not None else None
     out: dict[str, np.ndarray | None] = {}
+    folder = ExpressionFolder(f_folded.opset_imports.get("", 13))
     for w in quantized.weights:
         layer = _float_layer(w.layer, nodes, values)
         if layer is None and unfolded is not None:
             before = _float_layer(w.layer, *unfolded)
             layer = nodes.get(before.name) if before is not None else None
         arr = None
-        if layer is not None and w.index < len(layer.inputs):
+        if layer is not None and _is(layer, "MatMul") and _is(w.layer, "Gemm"):
+            arr = _matmul_as_gemm(w, layer)
+        elif layer is not None and w.index < len(layer.inputs):
             arr = constant_array(layer.inputs[w.index])
+            if arr is None:  # computed from constants (tf2onnx's Reshape of a constant by a Concat of shapes)
+                arr = folder.value(layer.inputs[w.index])
             if arr is not None:
-                arr = np.asarray(arr)
-                if arr.dtype != np.float32:
-                    arr = None
+                arr = _space_to_depth_form(w, layer, np.asarray(arr))
+        elif layer is None:
+            arr = _rewritten_layer_form(w, nodes)
+        if arr is not None and arr.dtype != np.float32:
+            arr = None
         out[w.name] = arr
     return out
+
+
+CONSTANT_KEY = "constant:"  # float_arrays' key prefix of the constants no layer reads as its weight
+
+
+def float_constants(f_graph: ir.Graph, quantized: QuantizedGraph) -> dict[str, np.ndarray]:
+    """The float value of each quantized constant that no layer reads as its weight (``quantized.constants``), keyed
+    ``constant:<name>``: the float constant its QuantizeLinear reads; else the float model's input of the node that
+    reads it (same name and op, same input); else the float tensor its codes are named after (onnxruntime's
+    ``<name>_quantized``). Only a float32 value of the dequantized shape."""
+    nodes = {n.name: n for n in f_graph if n.name}
+    values = value_index(f_graph)
+    out = {}
+    for name, dq, q in quantized.constants:
+        deq = dequantize_constant(dq, quantize_constant(q) if q is not None else None)
+        if deq is None:
+            continue
+        found = [constant_array(q.inputs[0])] if q is not None else []
+        for user, index in _uses(dq.outputs[0]):
+            f = nodes.get(user.name)
+            if f is not None and f.op_type == user.op_type and index < len(f.inputs) and f.inputs[index] is not None:
+                found.append(constant_array(f.inputs[index]))
+        codes = dq.inputs[0].name or ""
+        if codes.endswith("_quantized") and codes[: -len("_quantized")] in values:
+            found.append(constant_array(values[codes[: -len("_quantized")]]))
+        for arr in found:
+            if arr is not None and np.asarray(arr).dtype == np.float32 and np.shape(arr) == deq.shape:
+                out[CONSTANT_KEY + name] = np.asarray(arr)
+                break
+    return out
+
+
+def _matmul_as_gemm(w: WeightQuantizer, matmul: ir.Node) -> np.ndarray | None:
+    """A float MatMul's weight (or its bias Add's constant) as the Gemm that stands for it reads it."""
+    if w.index == 1:
+        arr = constant_array(matmul.inputs[1]) if len(matmul.inputs) > 1 and matmul.inputs[1] is not None else None
+        if arr is not None and arr.ndim == 2 and w.layer.attributes.get_int("transB", 0):
+            arr = arr.T
+        return arr
+    adds = [u for u, _ in _uses(matmul.outputs[0]) if _is(u, "Add")]
+    consts = [constant_array(v) for a in adds for v in a.inputs if v is not matmul.outputs[0] and v is not None]
+    consts = [c for c in consts if c is not None]
+    return consts[0] if len(consts) == 1 else None
+
+
+def _codes_producer(layer: ir.Node) -> ir.Node | None:
+    """The op between the layer's input DequantizeLinear and its codes, if any."""
+    dq = layer.inputs[0].producer() if layer.inputs and layer.inputs[0] is not None else None
+    if not _is(dq, "DequantizeLinear") or dq.inputs[0] is None:
+        return None
+    return dq.inputs[0].producer()
+
+
+def _space_to_depth_form(w: WeightQuantizer, layer: ir.Node, arr: np.ndarray) -> np.ndarray:
+    """A stride-2 stem's float weight as rewrite-eval's stride-1 Conv on the input's SpaceToDepth reads it
+    (``kernel_forms.space_to_depth_conv``: the same taps at their phases), when the quantized layer is that."""
+    if w.index != 1 or arr.ndim != 4 or not _is(_codes_producer(w.layer), "SpaceToDepth"):
+        return arr
+    attrs = layer.attributes
+    valid = attrs.get_string("auto_pad", "NOTSET") == "VALID"
+    pads = [0] * 4 if valid else list(attrs.get_ints("pads", [0] * 4))
+    codes = constant_array(w.dq.inputs[0])
+    form = space_to_depth_conv(arr, pads, (1 << 16, 1 << 16))  # the taps' places do not depend on the size
+    return form[0] if form is not None and codes is not None and form[0].shape == codes.shape else arr
+
+
+def _rewritten_layer_form(w: WeightQuantizer, nodes: dict[str, ir.Node]) -> np.ndarray | None:
+    """The float weight or bias of a layer rewrite-eval wrote in another form, as that form reads it:
+    ``<MatMul>/gemm/Gemm`` (``linear_gemms``: the MatMul's weight, its bias Add's constant), ``<ConvTranspose>/Conv``
+    (``transposed_convs``: the phase weight, the bias repeated per phase), ``<AveragePool>/depthwise/Conv``
+    (``kernel_forms.pools_as_depthwise``: weights 1/n, exact in int8)."""
+    name, layer = w.layer.name or "", w.layer
+    codes = w.dequantized()
+    arr = None
+    for suffix, float_op, op in (("/gemm/Gemm", "MatMul", "Gemm"), ("/Conv", "ConvTranspose", "Conv"),
+                                 ("/depthwise/Conv", "AveragePool", "Conv")):
+        f = nodes.get(name[: -len(suffix)]) if name.endswith(suffix) else None
+        if f is None or not _is(f, float_op) or not _is(layer, op):
+            continue
+        if float_op == "AveragePool":
+            arr = codes  # 1/n (a power of two) is exact
+        elif float_op == "MatMul":
+            arr = _matmul_as_gemm(w, f)
+        else:
+            w_float = constant_array(f.inputs[1]) if len(f.inputs) > 1 and f.inputs[1] is not None else None
+            strides = list(f.attributes.get_ints("strides", [1, 1]))
+            if w_float is None or w_float.ndim != 4 or len(strides) != 2:
+                break
+            if w.index == 1:
+                arr = phase_weight(w_float, strides[0], list(f.attributes.get_ints("pads", [0, 0, 0, 0])))[0]
+            elif len(f.inputs) > 2 and f.inputs[2] is not None:
+                b = constant_array(f.inputs[2])
+                arr = None if b is None else np.repeat(b, strides[0] * strides[0])
+        break
+    if arr is None or codes is None or np.asarray(arr).size != codes.size:
+        return None
+    return np.asarray(arr).reshape(codes.shape)
 
 
 # --- edits on a copy -----------------------------------------------------------------------------
@@ -589,15 +794,48 @@ def _rescaled(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
     return add.outputs[0]
 
 
+def _moved(graph: ir.Graph, act: ActivationQuantizer, src: ir.Value) -> ir.Value | None:
+    """``src`` moved as the quantizer's codes are (:data:`_CODE_MOVES`: the same ops on the float tensor; a
+    ``Pad`` pads with the value its code dequantizes to); None where that cannot be written."""
+    anchor = act.dq if src is act.float_value else src.producer()
+    for k, node in enumerate(act.moves):
+        inputs, attributes = [src, *node.inputs[1:]], dict(node.attributes.items())
+        if _is(node, "Pad"):
+            if act.scale is None:
+                return None
+            code = np.asarray(constant_array(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None
+                              else attributes["value"].as_float() if "value" in attributes else 0)
+            value = np.float32((float(code.reshape(-1)[0]) - act.zero_point) * np.float32(act.scale))
+            if len(node.inputs) > 2 or "value" not in attributes and len(node.inputs) > 1:
+                name = f"{act.name}/bypass_pad_value_{k}"
+                const = ir.Value(name=name, const_value=ir.Tensor(np.array(value, np.float32), name=name))
+                graph.register_initializer(const)
+                inputs = [src, node.inputs[1], const, *node.inputs[3:]]
+            else:
+                attributes["value"] = ir.AttrFloat32("value", float(value))
+        moved = ir.node(node.op_type, inputs, attributes, domain=node.domain, name=f"{act.name}/bypass_{node.op_type}_{k}")
+        moved.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        moved.outputs[0].name = f"{moved.name}_output"
+        graph.insert_after(anchor, moved)
+        anchor, src = moved, moved.outputs[0]
+    return src
+
+
 def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> None:
     """Remove an activation quantizer: its readers read the float tensor again (clamped to the
     quantizer's range when the quantizer stood for a Relu/Clip the quantized model dropped; through the clipped
-    affine map a rescaling pair computes, ``_rescaled``)."""
+    affine map a rescaling pair computes, ``_rescaled``; moved as its codes are, ``_moved``)."""
     out = act.dq.outputs[0]
     if act.q_params is not None and act.rescaled_range is not None:
         src = _rescaled(graph, act)
+    elif clamp and act.representable is not None:
+        src = _clamp(graph, act)
     else:
-        src = _clamp(graph, act) if clamp and act.representable is not None else act.float_value
+        src = act.float_value
+    if act.moves:
+        src = _moved(graph, act, src)
+        if src is None:
+            return  # kept as it is
     for i, o in enumerate(graph.outputs):
         if o is out:
             if src.is_graph_output() or src.is_graph_input():
@@ -618,10 +856,39 @@ def _bypass(graph: ir.Graph, act: ActivationQuantizer, clamp: bool = False) -> N
             graph.remove(node, safe=True)
 
 
+def as_read(w: WeightQuantizer, array: np.ndarray) -> np.ndarray:
+    """The float ``array`` in the shape the layer reads: where rewrite-eval widened the layer (zero channels: a
+    depthwise Conv's channels padded to 16, a stem's input channels to 4, a narrow Conv's outputs to 16), the
+    float values in the leading block and the quantized weight's own (zero) values elsewhere."""
+    deq = w.dequantized()
+    if deq is None or deq.shape == array.shape or deq.ndim != array.ndim \
+            or any(d < a for d, a in zip(deq.shape, array.shape)):
+        return array
+    out = deq.copy()
+    out[tuple(slice(0, a) for a in array.shape)] = array
+    return out
+
+
+def _replace_output(graph: ir.Graph, dq: ir.Node, value: ir.Value) -> None:
+    """Every reader of ``dq``'s output reads ``value`` (a graph output becomes an Identity of it); ``dq`` goes."""
+    out = dq.outputs[0]
+    for i, o in enumerate(graph.outputs):
+        if o is out:
+            ident = ir.node("Identity", [value], name=f"{dq.name}/float")
+            name, out.name = out.name, None
+            ident.outputs[0].name, ident.outputs[0].type = name, ir.TensorType(ir.DataType.FLOAT)
+            graph.insert_after(dq, ident)
+            graph.outputs[i] = ident.outputs[0]
+    out.replace_all_uses_with(value)
+    if not any(o.uses() or o.is_graph_output() for o in dq.outputs):
+        graph.remove(dq, safe=True)
+
+
 def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
     """``w.layer`` reads the float weight; other layers sharing the quantizer keep it (a shared weight)."""
     name = f"{w.name}/float"
     value = graph.initializers.get(name)
+    array = as_read(w, array)
     if value is None:  # a weight shared by several layers gets one float copy
         value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
         graph.register_initializer(value)
@@ -643,7 +910,7 @@ def layer_owned_quantizers(quantized: QuantizedGraph) -> dict[int, set[str]]:
     """
     owned: dict[int, set[str]] = {id(n): set() for n in quantized.layers()}  # in graph order, not by address
     layers = owned.keys()
-    for act in quantized.activations:
+    for act in quantized.activations + quantized.moved:
         readers = [u for u, i in _uses(act.output) if id(u) in layers and i == 0]
         if readers:
             for r in readers:
@@ -675,28 +942,47 @@ def quantizer_layers(quantized: QuantizedGraph) -> dict[str, str]:
 
 
 def single_layer_model(
-    model: ir.Model, layer_name: str, float_arrays: dict[str, np.ndarray | None], clamping: set[str] = frozenset()
+    model: ir.Model, layer_name: str | None, float_arrays: dict[str, np.ndarray | None],
+    clamping: set[str] = frozenset()
 ) -> tuple[ir.Model | None, str]:
     """A copy of ``model`` with only the quantizers of ``layer_name``; (None, reason) when impossible.
 
+    ``layer_name`` None: no quantizer at all (every weight float, every activation quantizer bypassed): the
+    float model as the single-layer models compute it, which must match the float model to float rounding.
     ``clamping``: quantizers that stand for a dropped activation (they become a float ``Clip``).
     """
     copy = model.clone()  # shares the tensors
     graph = copy.graph
-    quantized = find_quantizers(graph)
-    layers = {n.name: n for n in quantized.layers()}
-    layer = layers.get(layer_name)
-    if layer is None:
-        return None, f"layer '{layer_name}' not found"
-    owned = layer_owned_quantizers(quantized)[id(layer)]
+    layer, owned = None, set()
+    lstms = dynamic_lstms(graph)
+    for lstm in lstms:
+        if lstm.name != layer_name:
+            _lstm_to_float(graph, lstm, float_arrays)  # without its float weights, it stays quantized
+    quantized = find_quantizers(graph)  # after the LSTMs: the quantizers of their outputs read the float LSTMs'
+    if layer_name is not None and any(n.name == layer_name for n in lstms):
+        layer = next(n for n in lstms if n.name == layer_name)
+        owned = {a.name for a in quantized.activations + quantized.moved
+                 if any(u is layer and i == 0 for u, i in _uses(a.output))}
+    elif layer_name is not None:
+        layers = {n.name: n for n in quantized.layers()}
+        layer = layers.get(layer_name)
+        if layer is None:
+            return None, f"layer '{layer_name}' not found"
+        owned = layer_owned_quantizers(quantized)[id(layer)]
     for w in quantized.weights:
-        if w.layer is layer:
+        if layer is not None and w.layer is layer:
             continue
         array = float_arrays.get(w.name)
         if array is None:
             return None, f"no float value for '{w.name}' (its layer is not in the float model)"
         _to_float(graph, w, array)
-    for act in quantized.activations:
+    for name, dq, _ in quantized.constants:
+        array = float_arrays.get(CONSTANT_KEY + name)
+        if array is not None:
+            value = ir.Value(name=f"{name}/float", const_value=ir.Tensor(np.ascontiguousarray(array), name=f"{name}/float"))
+            graph.register_initializer(value)
+            _replace_output(graph, dq, value)
+    for act in quantized.activations + quantized.moved:
         if act.name not in owned:
-            _bypass(graph, act, act.name in clamping)
+            _bypass(graph, act, act.name in clamping or _clamping_source(act, quantized, clamping))
     return copy, ""
