@@ -722,6 +722,9 @@ class FloatOps(PlacementRule):
         inputs = [v for v in node.inputs if v is not None]
         if inputs and all(is_constant(v) for v in inputs):
             return  # computes a constant (a weight's Transpose/Cast, a Clip bound): not float work
+        outputs = [o for o in node.outputs if o is not None]
+        if outputs and not any(ctx.carries_data(o) for o in outputs):
+            return  # shape arithmetic (Shape -> Gather -> Concat of a dynamic batch): no activation's values
         outputs_quantized = all(ctx.point(o) is not None for o in node.outputs if o is not None)
         variable = _variable_inputs(ctx, node)
         # a Resize's scales computed from a Shape are no data: its integer kernel reads the data input only;
