@@ -217,9 +217,14 @@ def run_models(args, have: list[str], prefix: str, table, evals_for=None) -> int
             if args.json:
                 json.dump(rows, open(args.json, "w"), indent=1)
     print(table(rows))
-    print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
-          "median of time.thread_time, variants interleaved")
+    print(timing_footer(args.rounds, args.warmup))
     return 0
+
+
+def timing_footer(rounds: int, warmup: int) -> str:
+    """The line under a latency table: how it was timed."""
+    return (f"onnxruntime {ort.__version__}; {rounds} rounds after {warmup} warm-up, batch 1, one thread, "
+            "median of time.thread_time, variants interleaved")
 
 
 if __name__ == "__main__":

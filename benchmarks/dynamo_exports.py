@@ -161,12 +161,16 @@ def export(name: str, out_dir: str, samples: int) -> None:
     np.savez(os.path.join(out_dir, name + ".calib.npz"), **calib)
     json.dump({"inputs": list(spec), "shapes": {k: list(v.shape[1:]) for k, v in calib.items()}},
               open(os.path.join(out_dir, name + ".json"), "w"))
+    print(f"{name:14s} opset {exported_opset(path)} {os.path.getsize(path) / 1e6:7.1f} MB  {time.perf_counter() - t:5.1f} s",
+          flush=True)
+
+
+def exported_opset(path: str) -> list[int]:
+    """The standard opset versions an exported file imports (its weights not read)."""
     import onnx
 
     m = onnx.load(path, load_external_data=False)
-    opset = [o.version for o in m.opset_import if o.domain in ("", "ai.onnx")]
-    print(f"{name:14s} opset {opset} {os.path.getsize(path) / 1e6:7.1f} MB  {time.perf_counter() - t:5.1f} s",
-          flush=True)
+    return [o.version for o in m.opset_import if o.domain in ("", "ai.onnx")]
 
 
 def main(argv=None) -> int:

@@ -193,8 +193,7 @@ def main(argv=None) -> int:
             rows.append(bench(args.models_dir, name, args.rounds, args.warmup, tmp))
             print(f"[{name}] done", file=sys.stderr, flush=True)
     print(table(rows))
-    print(f"onnxruntime {ort.__version__}; {args.rounds} rounds after {args.warmup} warm-up, batch 1, one thread, "
-          "median of time.thread_time, variants interleaved")
+    print(dynamo_deploy.timing_footer(args.rounds, args.warmup))
     return 0
 
 

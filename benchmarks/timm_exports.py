@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dynamo_exports import SEED  # noqa: E402
+from dynamo_exports import SEED, exported_opset  # noqa: E402
 
 # CPU deployables first, then the hybrids whose attention / re-parameterization stresses placement
 MODELS = ["mobilenetv4_conv_small", "mobilenetv4_hybrid_medium", "lcnet_050", "ghostnetv2_100", "hgnetv2_b0",
@@ -97,7 +97,6 @@ def build(name: str):
 
 
 def export(name: str, out_dir: str, samples: int, exporters: list[str]) -> None:
-    import onnx
     import torch
 
     model, size = build(name)
@@ -126,8 +125,7 @@ def export(name: str, out_dir: str, samples: int, exporters: list[str]) -> None:
         np.savez(stem + ".eval.npz", pixel_values=evals)
         json.dump({"inputs": ["pixel_values"], "shapes": {"pixel_values": [3, *size]}, "timm": name,
                    "exporter": exporter}, open(stem + ".json", "w"))
-        m = onnx.load(stem + ".onnx", load_external_data=False)
-        opset = [o.version for o in m.opset_import if o.domain in ("", "ai.onnx")]
+        opset = exported_opset(stem + ".onnx")
         params = sum(p.numel() for p in model.parameters()) / 1e6
         print(f"{name:28s} {exporter:11s} opset {opset} {params:5.1f} M params  {time.perf_counter() - t:5.1f} s",
               flush=True)

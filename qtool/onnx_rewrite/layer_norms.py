@@ -28,6 +28,7 @@ from qtool.model.constants import constant_array, remove_if_unused
 from qtool.model.graph import take_over
 from qtool.model.names import NameScope
 from qtool.model.opset import inferred_ranks
+from qtool.onnx_rewrite.fold_batch_norms import new_initializer
 
 LAYER_NORM_OPSET = 17
 
@@ -150,12 +151,6 @@ def _scalar_is(value: ir.Value | None, want: float) -> bool:
     return _scalar(value) == want
 
 
-def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(array))
-    graph.register_initializer(value)
-    return value
-
-
 def layer_norms_fused(graph: ir.Graph, opset: int, names: NameScope,
                       out_of_scope: Callable[[ir.Node], str | None] = lambda _: None) -> list[str]:
     """Each LayerNorm of the module docstring's form (float32, opset >= 17, every node in scope) made one
@@ -177,8 +172,8 @@ def layer_norms_fused(graph: ir.Graph, opset: int, names: NameScope,
             continue
         base = names.prefix(f"{node.name or 'ReduceMean'}/layer_norm", ["Transpose", "LayerNormalization",
                                                                           "Transpose_back"], ["nhwc", "normalized"])
-        gamma = _initializer(graph, f"{base}/scale", found["gamma"].astype(np.float32))
-        beta = _initializer(graph, f"{base}/bias", found["beta"].astype(np.float32))
+        gamma = new_initializer(graph, names, f"{base}/scale", found["gamma"].astype(np.float32))
+        beta = new_initializer(graph, names, f"{base}/bias", found["beta"].astype(np.float32))
         last = found["nodes"][-1]
         new, source = [], found["x"]
         if found["axis"] != rank - 1:

@@ -48,7 +48,7 @@ import onnx_ir as ir
 from qtool.model.codec import CONTAINER_RANGE, DynamicLstmWeight
 from qtool.model.layers import LAYER_OPS
 from qtool.model.session import value_map
-from qtool.model.constants import constant_array
+from qtool.model.constants import constant_array, contiguous
 from qtool.model.graph import GraphView
 from qtool.model.weight_expressions import ExpressionFolder
 from qtool.onnx_rewrite.placement.integer import saturation_bound
@@ -208,10 +208,7 @@ def _lstm_to_float(graph: ir.Graph, node: ir.Node, float_arrays: dict[str, np.nd
         return f"no float value for the LSTM '{base}'"
     inputs = list(node.inputs[:8])
     for index, (what, array) in enumerate(zip(("W", "R"), arrays), start=1):
-        name = f"{node.name}/{what}/float"
-        value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
-        graph.register_initializer(value)
-        inputs[index] = value
+        inputs[index] = _initializer(graph, f"{node.name}/{what}/float", array)
     while inputs and inputs[-1] is None:
         inputs.pop()
     lstm = ir.node("LSTM", inputs, dict(node.attributes.items()), num_outputs=len(node.outputs),
@@ -754,15 +751,19 @@ def dtype_name(value: ir.Value | None) -> str | None:
     return dtype.name.lower() if dtype is not None else None
 
 
-def _clamp(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
-    """A float ``Clip`` to the quantizer's range after its input: the activation it stood for, unrounded."""
-    lo, hi = act.representable
-    bounds = []
-    for which, v in (("min", lo), ("max", hi)):
-        name = f"{act.name}/bypass_{which}"
-        value = ir.Value(name=name, const_value=ir.Tensor(np.array(v, np.float32), name=name))
-        graph.register_initializer(value)
-        bounds.append(value)
+def _initializer(graph: ir.Graph, name: str, array) -> ir.Value:
+    """A new initializer ``name`` of ``graph`` holding ``array`` (its shape kept, 0-d too)."""
+    value = ir.Value(name=name, const_value=ir.Tensor(contiguous(array), name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _clamp(graph: ir.Graph, act: ActivationQuantizer, bounds: tuple[float, float] | None = None) -> ir.Value:
+    """A float ``Clip`` after the quantizer's input to ``bounds`` (default: the quantizer's range): the activation
+    it stood for, unrounded."""
+    lo, hi = act.representable if bounds is None else bounds
+    bounds = [_initializer(graph, f"{act.name}/bypass_{which}", np.array(v, np.float32))
+              for which, v in (("min", lo), ("max", hi))]
     clip = ir.node("Clip", [act.float_value, *bounds], name=f"{act.name}/bypass_clip")
     clip.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
     clip.outputs[0].name = f"{act.name}/bypass_clip_output"
@@ -774,23 +775,18 @@ def _rescaled(graph: ir.Graph, act: ActivationQuantizer) -> ir.Value:
     """The float map a rescaling pair computes, unrounded: ``Clip`` to where its QuantizeLinear saturates, then
     ``x * (dq_scale / q_scale) + (q_zero_point - dq_zero_point) * dq_scale`` (rewrite-eval's integer HardSigmoid
     gate: ``clip(x + 3, 0, 6) / 6``)."""
-    lo, hi = act.rescaled_range
     q_scale, q_zero = act.q_params
     ratio = np.float32(act.scale) / np.float32(q_scale)
     shift = np.float32((q_zero - act.zero_point) * np.float32(act.scale))
-    constants = {}
-    for which, v in (("min", lo), ("max", hi), ("ratio", ratio), ("shift", shift)):
-        name = f"{act.name}/bypass_{which}"
-        value = ir.Value(name=name, const_value=ir.Tensor(np.array(v, np.float32), name=name))
-        graph.register_initializer(value)
-        constants[which] = value
-    clip = ir.node("Clip", [act.float_value, constants["min"], constants["max"]], name=f"{act.name}/bypass_clip")
-    mul = ir.node("Mul", [clip.outputs[0], constants["ratio"]], name=f"{act.name}/bypass_rescale")
-    add = ir.node("Add", [mul.outputs[0], constants["shift"]], name=f"{act.name}/bypass_shift")
-    for node in (clip, mul, add):
+    clipped = _clamp(graph, act, act.rescaled_range)
+    mul = ir.node("Mul", [clipped, _initializer(graph, f"{act.name}/bypass_ratio", np.array(ratio, np.float32))],
+                  name=f"{act.name}/bypass_rescale")
+    add = ir.node("Add", [mul.outputs[0], _initializer(graph, f"{act.name}/bypass_shift",
+                                                       np.array(shift, np.float32))], name=f"{act.name}/bypass_shift")
+    for node in (mul, add):
         node.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
         node.outputs[0].name = f"{node.name}_output"
-    graph.insert_after(act.dq, [clip, mul, add])
+    graph.insert_after(clipped.producer(), [mul, add])
     return add.outputs[0]
 
 
@@ -807,9 +803,7 @@ def _moved(graph: ir.Graph, act: ActivationQuantizer, src: ir.Value) -> ir.Value
                               else attributes["value"].as_float() if "value" in attributes else 0)
             value = np.float32((float(code.reshape(-1)[0]) - act.zero_point) * np.float32(act.scale))
             if len(node.inputs) > 2 or "value" not in attributes and len(node.inputs) > 1:
-                name = f"{act.name}/bypass_pad_value_{k}"
-                const = ir.Value(name=name, const_value=ir.Tensor(np.array(value, np.float32), name=name))
-                graph.register_initializer(const)
+                const = _initializer(graph, f"{act.name}/bypass_pad_value_{k}", np.array(value, np.float32))
                 inputs = [src, node.inputs[1], const, *node.inputs[3:]]
             else:
                 attributes["value"] = ir.AttrFloat32("value", float(value))
@@ -890,8 +884,7 @@ def _to_float(graph: ir.Graph, w: WeightQuantizer, array: np.ndarray) -> None:
     value = graph.initializers.get(name)
     array = as_read(w, array)
     if value is None:  # a weight shared by several layers gets one float copy
-        value = ir.Value(name=name, const_value=ir.Tensor(np.ascontiguousarray(array), name=name))
-        graph.register_initializer(value)
+        value = _initializer(graph, name, array)
     direct = [i for i, v in enumerate(w.layer.inputs) if v is w.dq.outputs[0]]
     for i in direct:
         w.layer.replace_input_with(i, value)
@@ -979,9 +972,7 @@ def single_layer_model(
     for name, dq, _ in quantized.constants:
         array = float_arrays.get(CONSTANT_KEY + name)
         if array is not None:
-            value = ir.Value(name=f"{name}/float", const_value=ir.Tensor(np.ascontiguousarray(array), name=f"{name}/float"))
-            graph.register_initializer(value)
-            _replace_output(graph, dq, value)
+            _replace_output(graph, dq, _initializer(graph, f"{name}/float", array))
     for act in quantized.activations + quantized.moved:
         if act.name not in owned:
             _bypass(graph, act, act.name in clamping or _clamping_source(act, quantized, clamping))
